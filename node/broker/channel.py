@@ -1,0 +1,480 @@
+"""One AMQP channel's broker-side state: deliveries, acks, prefetch, confirms, transactions.
+
+Delivery tags are per channel (ACK-1). Every delivery in manual-ack mode
+stays in `unacked` until acked, rejected or nacked; whatever is left when the
+channel ends goes back to its queue as redelivered (ACK-6). The channel's
+mode is normal, confirm or tx; switching between confirm and tx is refused
+(CONF-1).
+"""
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+
+from pamqp import commands as cmd
+
+from ..protocol.frames import encode_content, encode_deliver
+from ..protocol.properties import PropertyView, with_reply_to
+from ..protocol.replies import AMQPError, ReplyCode, error
+from .confirms import ConfirmTracker
+from .message import Entry, Message
+from .queue import Consumer, Queue
+from .vhost import server_name
+
+REPLY_TO = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX = REPLY_TO + "."
+
+
+class Mode(enum.Enum):
+    NORMAL = "normal"
+    CONFIRM = "confirm"
+    TX = "tx"
+
+
+class Unacked:
+    """A delivery waiting for its ack: which entry, from which queue, through which consumer."""
+
+    __slots__ = ("tag", "entry", "queue", "consumer")
+
+    def __init__(self, tag: int, entry: Entry, queue: Queue, consumer: Consumer | None):
+        self.tag = tag
+        self.entry = entry
+        self.queue = queue
+        self.consumer = consumer
+
+
+class Channel:
+    def __init__(self, session, channel_id: int):
+        self.session = session
+        self.id = channel_id
+        self.vhost = session.vhost
+        self.next_tag = 1
+        self.unacked: dict[int, Unacked] = {}
+        self.consumers: dict[str, Consumer] = {}
+        self.prefetch_consumer = 0
+        self.prefetch_global = 0
+        self.global_unacked = 0
+        self.flow_active = True
+        self.mode = Mode.NORMAL
+        self.confirms: ConfirmTracker | None = None
+        self.tx_publishes: list[tuple] = []
+        self.tx_acks: list[tuple[str, list[Unacked], bool]] = []
+        self.last_queue = ""
+        self.reply_token: str | None = None
+        self.reply_consumer_tag: str | None = None
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.id}>"
+
+    # ---- delivery --------------------------------------------------------------------
+    def can_deliver(self) -> bool:
+        if not self.flow_active or self.closed:
+            return False
+        if self.prefetch_global and self.global_unacked >= self.prefetch_global:
+            return False
+        return self.session.can_write()
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        message = entry.message
+        self.session.write(encode_deliver(self.id, consumer.tag_raw, tag, entry.redelivered,
+                                          message.exchange_raw, message.routing_key_raw,
+                                          message.props_raw, message.body, self.session.frame_max))
+        if not consumer.no_ack:
+            self.unacked[tag] = Unacked(tag, entry, consumer.queue, consumer)
+            consumer.unacked += 1
+            self.global_unacked += 1
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        """The queue went away: tell the client with basic.cancel if it understands it."""
+        if self.consumers.pop(consumer.tag, None) is None or self.closed:
+            return
+        if self.session.client_capability("consumer_cancel_notify"):
+            self.session.send_method(self.id, cmd.Basic.Cancel(consumer.tag, nowait=True))
+
+    def queues_to_dispatch(self) -> set[Queue]:
+        return {c.queue for c in self.consumers.values()}
+
+    # ---- method dispatch -------------------------------------------------------------
+    def handle(self, method) -> None:
+        handler = HANDLERS.get(type(method))
+        if handler is None:
+            raise error(ReplyCode.COMMAND_INVALID, f"unexpected method {method.name}", method)
+        handler(self, method)
+
+    def _reply(self, method, nowait: bool = False) -> None:
+        if not nowait:
+            self.session.send_method(self.id, method)
+
+    def _queue_name(self, name: str, method) -> str:
+        if name:
+            return name
+        if not self.last_queue:
+            raise error(ReplyCode.NOT_FOUND, "no previously declared queue", method)
+        return self.last_queue
+
+    # ---- exchange class -------------------------------------------------------------
+    def _exchange_declare(self, m) -> None:
+        self.vhost.declare_exchange(m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete,
+                                    m.internal, m.arguments, m)
+        self._reply(cmd.Exchange.DeclareOk(), m.nowait)
+
+    def _exchange_delete(self, m) -> None:
+        self.vhost.delete_exchange(m.exchange, m.if_unused, m)
+        self._reply(cmd.Exchange.DeleteOk(), m.nowait)
+
+    def _exchange_bind(self, m) -> None:
+        self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments, m)
+        self._reply(cmd.Exchange.BindOk(), m.nowait)
+
+    def _exchange_unbind(self, m) -> None:
+        self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments, m)
+        self._reply(cmd.Exchange.UnbindOk(), m.nowait)
+
+    # ---- queue class ------------------------------------------------------------------
+    def _queue_declare(self, m) -> None:
+        name = m.queue or ("" if not m.passive else self._queue_name("", m))
+        queue = self.vhost.declare_queue(name, m.passive, m.durable, m.exclusive, m.auto_delete,
+                                         m.arguments, self.session, m)
+        if queue.exclusive_owner is self.session:
+            self.session.exclusive_queues.add(queue)
+        self.last_queue = queue.name
+        self._reply(cmd.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count), m.nowait)
+
+    def _queue_bind(self, m) -> None:
+        queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
+        routing_key = m.routing_key if (m.routing_key or m.queue) else queue.name
+        self.vhost.bind_queue(queue, m.exchange, routing_key, m.arguments, m)
+        self._reply(cmd.Queue.BindOk(), m.nowait)
+
+    def _queue_unbind(self, m) -> None:
+        queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
+        self.vhost.unbind_queue(queue, m.exchange, m.routing_key, m.arguments, m)
+        self._reply(cmd.Queue.UnbindOk())
+
+    def _queue_purge(self, m) -> None:
+        queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
+        self._reply(cmd.Queue.PurgeOk(queue.purge()), m.nowait)
+
+    def _queue_delete(self, m) -> None:
+        count = self.vhost.delete_queue(self._queue_name(m.queue, m), m.if_unused, m.if_empty,
+                                        self.session, m)
+        self._reply(cmd.Queue.DeleteOk(count), m.nowait)
+
+    # ---- basic class: consuming ---------------------------------------------------------
+    def _basic_qos(self, m) -> None:
+        if m.prefetch_count < 0 or m.prefetch_count > 65535:
+            raise error(ReplyCode.PRECONDITION_FAILED, f"prefetch count {m.prefetch_count} out of range", m)
+        if m.global_:
+            self.prefetch_global = m.prefetch_count
+        else:
+            self.prefetch_consumer = m.prefetch_count
+        self._reply(cmd.Basic.QosOk())
+        self._dispatch_all()
+
+    def _basic_consume(self, m) -> None:
+        if m.queue == REPLY_TO:
+            self._consume_reply_to(m)
+            return
+        queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
+        tag = m.consumer_tag or server_name("amq.ctag-")
+        if tag in self.consumers or tag == self.reply_consumer_tag:
+            raise error(ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", m)
+        if queue.consumers and (m.exclusive or any(c.exclusive for c in queue.consumers)):
+            raise error(ReplyCode.ACCESS_REFUSED,
+                        f"queue '{queue.name}' in vhost '{queue.vhost}' in exclusive use", m)
+        consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, self.prefetch_consumer,
+                            dict(m.arguments or {}))
+        self.consumers[tag] = consumer
+        self._reply(cmd.Basic.ConsumeOk(tag), m.nowait)
+        queue.add_consumer(consumer)
+
+    def _consume_reply_to(self, m) -> None:
+        if not m.no_ack:
+            raise error(ReplyCode.PRECONDITION_FAILED, "reply consumer cannot acknowledge", m)
+        if self.reply_consumer_tag is not None:
+            raise error(ReplyCode.PRECONDITION_FAILED, "reply consumer already set", m)
+        tag = m.consumer_tag or server_name("amq.ctag-")
+        if tag in self.consumers:
+            raise error(ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", m)
+        self.reply_consumer_tag = tag
+        self.reply_token = self.session.broker.register_reply_to(self)
+        self._reply(cmd.Basic.ConsumeOk(tag), m.nowait)
+
+    def deliver_reply(self, message: Message) -> None:
+        """A direct reply-to message: straight to this channel's reply consumer, no ack."""
+        if self.closed or self.reply_consumer_tag is None:
+            return
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        from ..protocol.frames import shortstr
+        self.session.write(encode_deliver(self.id, shortstr(self.reply_consumer_tag), tag, False,
+                                          message.exchange_raw, message.routing_key_raw,
+                                          message.props_raw, message.body, self.session.frame_max))
+
+    def _basic_cancel(self, m) -> None:
+        if m.consumer_tag == self.reply_consumer_tag and m.consumer_tag is not None:
+            self._drop_reply_to()
+        consumer = self.consumers.pop(m.consumer_tag, None)
+        self._reply(cmd.Basic.CancelOk(m.consumer_tag), m.nowait)
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    def _drop_reply_to(self) -> None:
+        if self.reply_token is not None:
+            self.session.broker.unregister_reply_to(self.reply_token)
+        self.reply_token = None
+        self.reply_consumer_tag = None
+
+    def _basic_get(self, m) -> None:
+        queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
+        entry = queue.take(m.no_ack)
+        if entry is None:
+            self.session.send_method(self.id, cmd.Basic.GetEmpty())
+            return
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        message = entry.message
+        self.session.send_method(self.id, cmd.Basic.GetOk(tag, entry.redelivered, message.exchange,
+                                                          message.routing_key, queue.message_count))
+        self.session.write(encode_content(self.id, message.props_raw, message.body, self.session.frame_max))
+        if not m.no_ack:
+            self.unacked[tag] = Unacked(tag, entry, queue, None)
+
+    # ---- basic class: acknowledgements ---------------------------------------------------
+    def _take_unacked(self, tag: int, multiple: bool, method) -> list[Unacked]:
+        unacked = self.unacked
+        if multiple:
+            if tag == 0:
+                records = list(unacked.values())
+                unacked.clear()
+                return records
+            if tag not in unacked:
+                raise error(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {tag}", method)
+            records = []
+            for key in list(unacked):
+                if key > tag:
+                    break
+                records.append(unacked.pop(key))
+            return records
+        record = unacked.pop(tag, None)
+        if record is None:
+            raise error(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {tag}", method)
+        return [record]
+
+    def _basic_ack(self, m) -> None:
+        records = self._take_unacked(m.delivery_tag, m.multiple, m)
+        if self.mode is Mode.TX:
+            self.tx_acks.append(("ack", records, False))
+            return
+        self._settle(records, requeue=None)
+
+    def _basic_reject(self, m) -> None:
+        records = self._take_unacked(m.delivery_tag, False, m)
+        if self.mode is Mode.TX:
+            self.tx_acks.append(("reject", records, m.requeue))
+            return
+        self._settle(records, requeue=m.requeue)
+
+    def _basic_nack(self, m) -> None:
+        records = self._take_unacked(m.delivery_tag, m.multiple, m)
+        if self.mode is Mode.TX:
+            self.tx_acks.append(("nack", records, m.requeue))
+            return
+        self._settle(records, requeue=m.requeue)
+
+    def _settle(self, records: list[Unacked], requeue: bool | None) -> None:
+        """Finish deliveries: acked (requeue None), discarded (False) or put back (True)."""
+        touched: dict[Queue, list[Entry]] = defaultdict(list)
+        for record in records:
+            consumer = record.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+                self.global_unacked -= 1
+            touched[record.queue].append(record.entry)
+        for queue, entries in touched.items():
+            if requeue:
+                queue.requeue(entries)
+            else:
+                queue.settle(len(entries))
+        if self.prefetch_global:
+            self._dispatch_all()
+        for queue in touched:
+            if queue.consumers:
+                queue.dispatch()
+
+    def _basic_recover(self, m) -> None:
+        if not m.requeue:
+            raise error(ReplyCode.NOT_IMPLEMENTED, "requeue=false", m)
+        records = list(self.unacked.values())
+        self.unacked.clear()
+        self._settle(records, requeue=True)
+        if isinstance(m, cmd.Basic.Recover):
+            self._reply(cmd.Basic.RecoverOk())
+
+    def _dispatch_all(self) -> None:
+        for queue in self.queues_to_dispatch():
+            queue.dispatch()
+
+    # ---- basic class: publishing ---------------------------------------------------------
+    def publish(self, publish, props_raw: bytes, body: bytes) -> None:
+        if publish.immediate:
+            raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        exchange = self.vhost.exchange_for_publish(publish.exchange, publish)
+        props = PropertyView(props_raw)
+        if props.user_id is not None and props.user_id != self.session.user:
+            raise AMQPError(ReplyCode.PRECONDITION_FAILED,
+                            f"user_id property set to '{props.user_id}' but authenticated user was "
+                            f"'{self.session.user}'", 60, 40)
+        if props.reply_to == REPLY_TO:
+            if self.reply_token is None:
+                raise AMQPError(ReplyCode.PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40)
+            props_raw = with_reply_to(props_raw, self.reply_token)
+        message = Message(publish.exchange, publish.routing_key, props_raw, body,
+                          props.delivery_mode == 2, props.priority, props.expiration)
+        if self.mode is Mode.TX:
+            self.tx_publishes.append((exchange, message, props, publish.mandatory))
+            return
+        self._route_and_enqueue(exchange, message, props, publish.mandatory)
+
+    def _route_and_enqueue(self, exchange, message: Message, props: PropertyView, mandatory: bool) -> None:
+        vhost = self.vhost
+        if exchange.name == "" and message.routing_key.startswith(REPLY_TO_PREFIX):
+            target = self.session.broker.reply_to_channel(message.routing_key)
+            if target is not None:
+                target.deliver_reply(message)
+            elif mandatory:
+                self._return(message)
+            if self.confirms is not None:
+                self.confirms.publish(0)
+            return
+        headers = props.headers() if props._headers_span is not None and vhost.needs_headers() else None
+        queues = vhost.route(exchange, message.routing_key, headers)
+        confirms = self.confirms
+        if not queues:
+            if mandatory:
+                self._return(message)
+            if confirms is not None:
+                confirms.publish(0)
+            return
+        if confirms is None:
+            for queue in queues:
+                queue.publish(message)
+            return
+        seq = confirms.publish(len(queues))
+        for queue in queues:
+            confirms.settle(seq, queue.publish(message))
+
+    def _return(self, message: Message) -> None:
+        self.session.send_method(self.id, cmd.Basic.Return(ReplyCode.NO_ROUTE, "NO_ROUTE",
+                                                           message.exchange, message.routing_key))
+        self.session.write(encode_content(self.id, message.props_raw, message.body, self.session.frame_max))
+
+    def flush_confirms(self) -> None:
+        confirms = self.confirms
+        if confirms is None or not confirms.ready or self.closed:
+            return
+        for tag, multiple, nack in confirms.flush():
+            self.session.write_confirm(self.id, tag, multiple, nack)
+
+    # ---- confirm and tx classes ------------------------------------------------------------
+    def _confirm_select(self, m) -> None:
+        if self.mode is Mode.TX:
+            raise error(ReplyCode.PRECONDITION_FAILED, "cannot switch from tx to confirm mode", m)
+        if self.mode is Mode.NORMAL:
+            self.mode = Mode.CONFIRM
+            self.confirms = ConfirmTracker()
+        self._reply(cmd.Confirm.SelectOk(), m.nowait)
+
+    def _tx_select(self, m) -> None:
+        if self.mode is Mode.CONFIRM:
+            raise error(ReplyCode.PRECONDITION_FAILED, "cannot switch from confirm to tx mode", m)
+        self.mode = Mode.TX
+        self._reply(cmd.Tx.SelectOk())
+
+    def _tx_commit(self, m) -> None:
+        if self.mode is not Mode.TX:
+            raise error(ReplyCode.PRECONDITION_FAILED, "channel is not transactional", m)
+        publishes, self.tx_publishes = self.tx_publishes, []
+        acks, self.tx_acks = self.tx_acks, []
+        for exchange, message, props, mandatory in publishes:
+            self._route_and_enqueue(exchange, message, props, mandatory)
+        for kind, records, requeue in acks:
+            self._settle(records, requeue=None if kind == "ack" else requeue)
+        self._reply(cmd.Tx.CommitOk())
+
+    def _tx_rollback(self, m) -> None:
+        if self.mode is not Mode.TX:
+            raise error(ReplyCode.PRECONDITION_FAILED, "channel is not transactional", m)
+        self.tx_publishes = []
+        acks, self.tx_acks = self.tx_acks, []
+        if acks:
+            restored = dict(self.unacked)
+            for _kind, records, _requeue in acks:
+                for record in records:
+                    restored[record.tag] = record
+            self.unacked = dict(sorted(restored.items()))
+        self._reply(cmd.Tx.RollbackOk())
+
+    # ---- channel class ------------------------------------------------------------------------
+    def _channel_flow(self, m) -> None:
+        self.flow_active = m.active
+        self._reply(cmd.Channel.FlowOk(m.active))
+        if m.active:
+            self._dispatch_all()
+
+    def _channel_flow_ok(self, m) -> None:
+        return
+
+    # ---- end of life -----------------------------------------------------------------------------
+    def teardown(self) -> None:
+        """The channel is gone: cancel its consumers and requeue what it had not acked (ACK-6)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._drop_reply_to()
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        for consumer in consumers:
+            consumer.queue.remove_consumer(consumer)
+        pending = list(self.unacked.values())
+        for _kind, records, _requeue in self.tx_acks:
+            pending.extend(records)
+        self.unacked.clear()
+        self.tx_acks = []
+        self.tx_publishes = []
+        by_queue: dict[Queue, list[Entry]] = defaultdict(list)
+        for record in pending:
+            by_queue[record.queue].append(record.entry)
+        for queue, entries in by_queue.items():
+            queue.requeue(entries)
+
+
+HANDLERS = {
+    cmd.Exchange.Declare: Channel._exchange_declare,
+    cmd.Exchange.Delete: Channel._exchange_delete,
+    cmd.Exchange.Bind: Channel._exchange_bind,
+    cmd.Exchange.Unbind: Channel._exchange_unbind,
+    cmd.Queue.Declare: Channel._queue_declare,
+    cmd.Queue.Bind: Channel._queue_bind,
+    cmd.Queue.Unbind: Channel._queue_unbind,
+    cmd.Queue.Purge: Channel._queue_purge,
+    cmd.Queue.Delete: Channel._queue_delete,
+    cmd.Basic.Qos: Channel._basic_qos,
+    cmd.Basic.Consume: Channel._basic_consume,
+    cmd.Basic.Cancel: Channel._basic_cancel,
+    cmd.Basic.Get: Channel._basic_get,
+    cmd.Basic.Ack: Channel._basic_ack,
+    cmd.Basic.Reject: Channel._basic_reject,
+    cmd.Basic.Nack: Channel._basic_nack,
+    cmd.Basic.Recover: Channel._basic_recover,
+    cmd.Basic.RecoverAsync: Channel._basic_recover,
+    cmd.Confirm.Select: Channel._confirm_select,
+    cmd.Tx.Select: Channel._tx_select,
+    cmd.Tx.Commit: Channel._tx_commit,
+    cmd.Tx.Rollback: Channel._tx_rollback,
+    cmd.Channel.Flow: Channel._channel_flow,
+    cmd.Channel.FlowOk: Channel._channel_flow_ok,
+}

@@ -1,0 +1,183 @@
+"""A client connection as the broker sees it: protocol machine, channels, exclusive queues.
+
+Still free of I/O: the server feeds it bytes and drains its output. Output
+is accounted here so that deliveries stop while a connection's unsent bytes
+are above the high-water mark or its socket is not draining (QOS-5); the
+server says when it drains and the session resumes the queues it starved.
+"""
+from __future__ import annotations
+
+import structlog
+
+from ..protocol import events as ev
+from ..protocol.connection import AMQPConnection, State
+from ..protocol.frames import encode_confirm, encode_method
+from ..protocol.replies import AMQPError, ReplyCode
+from .channel import Channel
+
+OUTPUT_HIGH_WATER = 1 << 20
+
+
+class Session:
+    def __init__(self, broker, peer: tuple[str, int]):
+        self.broker = broker
+        self.peer = peer
+        self.conn = AMQPConnection(broker.authenticate, broker.check_vhost, peer[0],
+                                   server_properties=broker.server_properties())
+        self.channels: dict[int, Channel] = {}
+        self.exclusive_queues: set = set()
+        self.vhost = None
+        self.user: str | None = None
+        self.writable = True
+        self.pending_bytes = 0
+        self.starved = False
+        self.closed = False
+        self.wakeup = _nothing          # set by the server: output is waiting outside receive_data
+        self._confirm_channels: set[Channel] = set()
+        self.log = broker.log.bind(peer=f"{peer[0]}:{peer[1]}")
+
+    # ---- properties the channels use ------------------------------------------------------
+    @property
+    def frame_max(self) -> int:
+        return self.conn.frame_max
+
+    @property
+    def heartbeat(self) -> int:
+        return self.conn.heartbeat
+
+    def client_capability(self, name: str) -> bool:
+        caps = self.conn.client_properties.get("capabilities") or {}
+        return bool(caps.get(name))
+
+    def can_write(self) -> bool:
+        if self.writable and self.pending_bytes < OUTPUT_HIGH_WATER:
+            return True
+        self.starved = True
+        return False
+
+    # ---- output ---------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        self.conn.send_raw(data)
+        first = self.pending_bytes == 0
+        self.pending_bytes += len(data)
+        if first:
+            self.wakeup()
+
+    def send_method(self, channel: int, method) -> None:
+        self.write(encode_method(channel, method))
+
+    def write_confirm(self, channel: int, tag: int, multiple: bool, nack: bool) -> None:
+        self.write(encode_confirm(channel, tag, multiple, nack))
+
+    def note_confirms(self, channel: Channel) -> None:
+        """A channel has confirms to send; they go out, coalesced, at the next drain."""
+        if not self._confirm_channels:
+            self.wakeup()
+        self._confirm_channels.add(channel)
+
+    def data_to_send(self) -> bytes:
+        if self._confirm_channels:
+            channels = self._confirm_channels
+            self._confirm_channels = set()
+            for channel in channels:
+                channel.flush_confirms()
+        self.pending_bytes = 0
+        return self.conn.data_to_send()
+
+    def drained(self) -> None:
+        """The server wrote our output and the socket is accepting more: resume starved queues."""
+        if not self.starved or not self.writable or self.closed:
+            return
+        self.starved = False
+        for channel in list(self.channels.values()):
+            for queue in channel.queues_to_dispatch():
+                queue.dispatch()
+
+    @property
+    def should_close(self) -> bool:
+        return self.conn.state is State.CLOSED
+
+    # ---- input ----------------------------------------------------------------------------
+    def receive_data(self, data: bytes) -> None:
+        for event in self.conn.receive_data(data):
+            if self.closed:
+                break
+            try:
+                self._handle(event)
+            except AMQPError as err:
+                self._fail(getattr(event, "channel", 0), err)
+            except Exception as exc:  # noqa: BLE001 - a bug closes one connection, never the node
+                self.log.exception("internal error", kind=type(event).__name__)
+                self._fail(0, AMQPError(ReplyCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}"))
+        if self.conn.state in (State.CLOSING, State.CLOSED) and not self.closed:
+            self.teardown()
+
+    def _handle(self, event) -> None:
+        kind = type(event)
+        if kind is ev.MessageReceived:
+            channel = self.channels.get(event.channel)
+            if channel is None:
+                return   # closed by an error earlier in this read
+            channel.publish(event.publish, event.props_raw, event.body)
+            if channel.confirms is not None and channel.confirms.ready:
+                self._confirm_channels.add(channel)
+        elif kind is ev.MethodReceived:
+            channel = self.channels.get(event.channel)
+            if channel is None:
+                return
+            channel.handle(event.method)
+            if channel.confirms is not None and channel.confirms.ready:
+                self._confirm_channels.add(channel)
+        elif kind is ev.ChannelOpened:
+            self.channels[event.channel] = Channel(self, event.channel)
+        elif kind is ev.ChannelClosedByPeer:
+            channel = self.channels.pop(event.channel, None)
+            if channel is not None:
+                channel.teardown()
+        elif kind is ev.ConnectionOpened:
+            self.user = event.user
+            self.vhost = self.broker.vhost(event.vhost)
+            self.log = self.log.bind(vhost=event.vhost, user=event.user)
+            self.log.info("connection opened", client=_client_name(event.client_properties))
+        elif kind is ev.ConnectionClosedByPeer:
+            self.log.info("connection closed by client")
+            self.teardown()
+
+    def _fail(self, channel_id: int, err: AMQPError) -> None:
+        if err.is_channel_error and channel_id and channel_id in self.channels:
+            self.log.info("channel error", channel=channel_id, code=int(err.code), text=err.text)
+            channel = self.channels.pop(channel_id)
+            channel.teardown()
+            self.conn.close_channel(channel_id, err)
+        else:
+            self.close(err)
+
+    def close(self, err: AMQPError) -> None:
+        """Close the connection from our side (connection error or forced close)."""
+        self.log.info("closing connection", code=int(err.code), text=err.text)
+        self.conn.close(err)
+        self.teardown()
+
+    def teardown(self) -> None:
+        """Release everything the connection held: requeue unacked, drop exclusive queues."""
+        if self.closed:
+            return
+        self.closed = True
+        channels = list(self.channels.values())
+        self.channels.clear()
+        for channel in channels:
+            channel.teardown()
+        for queue in list(self.exclusive_queues):
+            if self.vhost is not None and self.vhost.queues.get(queue.name) is queue:
+                self.vhost.remove_queue(queue)
+        self.exclusive_queues.clear()
+        self._confirm_channels.clear()
+
+
+def _nothing() -> None:
+    return None
+
+
+def _client_name(props: dict) -> str:
+    name = props.get("product") or props.get("connection_name") or "?"
+    return name.decode() if isinstance(name, bytes) else str(name)

@@ -1,0 +1,286 @@
+"""A virtual host: its exchanges, queues and bindings, and the rules for changing them.
+
+Every declare, bind and delete is checked here the way RabbitMQ checks it,
+and refused with RabbitMQ's reply code and text, so a client's error
+handling written against RabbitMQ behaves the same.
+"""
+from __future__ import annotations
+
+import base64
+import os
+from typing import Callable
+
+from ..protocol.replies import AMQPError, ReplyCode
+from .exchange import BindingArgumentError, Exchange, ExchangeType, route
+from .queue import OVERFLOWS, Queue
+
+PREDECLARED = (
+    ("", ExchangeType.DIRECT),
+    ("amq.direct", ExchangeType.DIRECT),
+    ("amq.fanout", ExchangeType.FANOUT),
+    ("amq.topic", ExchangeType.TOPIC),
+    ("amq.headers", ExchangeType.HEADERS),
+    ("amq.match", ExchangeType.HEADERS),
+    ("amq.rabbitmq.trace", ExchangeType.TOPIC),
+)
+EXCHANGE_ARGS_CHECKED = ("alternate-exchange",)
+QUEUE_ARGS_CHECKED = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow",
+                      "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
+                      "x-single-active-consumer", "x-queue-type", "x-queue-mode")
+
+
+def server_name(prefix: str) -> str:
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class VHost:
+    def __init__(self, name: str):
+        self.name = name
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self._headers_exchanges: list[Exchange] = []
+        self.on_queue_deleted: Callable[[Queue], None] | None = None
+        for xname, xtype in PREDECLARED:
+            self._add_exchange(Exchange(xname, xtype, durable=True, internal=xname == "amq.rabbitmq.trace"))
+
+    def _add_exchange(self, exchange: Exchange) -> None:
+        self.exchanges[exchange.name] = exchange
+        if exchange.type == ExchangeType.HEADERS:
+            self._headers_exchanges.append(exchange)
+
+    def _where(self, kind: str, name: str) -> str:
+        return f"{kind} '{name}' in vhost '{self.name}'"
+
+    # ---- exchanges ---------------------------------------------------------------------
+    def exchange(self, name: str, method=None) -> Exchange:
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            raise _err(ReplyCode.NOT_FOUND, f"no {self._where('exchange', name)}", method)
+        return exchange
+
+    def exchange_for_publish(self, name: str, method=None) -> Exchange:
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            raise _err(ReplyCode.NOT_FOUND, f"no {self._where('exchange', name)}", method)
+        if exchange.internal:
+            raise _err(ReplyCode.ACCESS_REFUSED,
+                       f"cannot publish to internal {self._where('exchange', name)}", method)
+        return exchange
+
+    def declare_exchange(self, name: str, type_: str, passive: bool, durable: bool, auto_delete: bool,
+                         internal: bool, arguments: dict, method=None) -> Exchange:
+        if name == "":
+            raise _err(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange", method)
+        existing = self.exchanges.get(name)
+        if passive:
+            if existing is None:
+                raise _err(ReplyCode.NOT_FOUND, f"no {self._where('exchange', name)}", method)
+            return existing
+        try:
+            xtype = ExchangeType(type_)
+        except ValueError:
+            raise _err(ReplyCode.COMMAND_INVALID, f"unknown exchange type '{type_}'", method) from None
+        if existing is None:
+            if name.startswith("amq."):
+                raise _err(ReplyCode.ACCESS_REFUSED,
+                           f"exchange name '{name}' contains reserved prefix 'amq.*'", method)
+            exchange = Exchange(name, xtype, durable=durable, auto_delete=auto_delete, internal=internal,
+                                arguments=dict(arguments or {}))
+            self._add_exchange(exchange)
+            return exchange
+        what = self._where("exchange", name)
+        for field, received, current in (("type", xtype.value, existing.type.value),
+                                         ("durable", durable, existing.durable),
+                                         ("auto_delete", auto_delete, existing.auto_delete),
+                                         ("internal", internal, existing.internal)):
+            if received != current:
+                raise _err(ReplyCode.PRECONDITION_FAILED,
+                           f"inequivalent arg '{field}' for {what}: received '{_fmt(received)}' "
+                           f"but current is '{_fmt(current)}'", method)
+        _check_args(what, arguments or {}, existing.arguments, EXCHANGE_ARGS_CHECKED, method)
+        return existing
+
+    def delete_exchange(self, name: str, if_unused: bool, method=None) -> None:
+        if name == "" or name.startswith("amq."):
+            raise _err(ReplyCode.ACCESS_REFUSED, f"operation not permitted on {self._where('exchange', name)}"
+                       if name else "operation not permitted on the default exchange", method)
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return
+        if if_unused and exchange.has_bindings():
+            raise _err(ReplyCode.PRECONDITION_FAILED, f"{self._where('exchange', name)} in use", method)
+        self._remove_exchange(exchange)
+
+    def _remove_exchange(self, exchange: Exchange) -> None:
+        del self.exchanges[exchange.name]
+        if exchange in self._headers_exchanges:
+            self._headers_exchanges.remove(exchange)
+        for source in list(self.exchanges.values()):
+            if source.unbind_all(exchange):
+                self._maybe_auto_delete(source)
+
+    def _maybe_auto_delete(self, exchange: Exchange) -> None:
+        if exchange.auto_delete and not exchange.has_bindings() and self.exchanges.get(exchange.name) is exchange:
+            self._remove_exchange(exchange)
+
+    # ---- bindings ----------------------------------------------------------------------
+    def _binding_source(self, name: str, method) -> Exchange:
+        if name == "":
+            raise _err(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange", method)
+        return self.exchange(name, method)
+
+    def _bind(self, source: Exchange, destination, routing_key: str, arguments: dict, method) -> None:
+        try:
+            source.bind(destination, routing_key, arguments or {})
+        except BindingArgumentError as exc:
+            raise _err(ReplyCode.PRECONDITION_FAILED, str(exc), method) from None
+
+    def bind_queue(self, queue: Queue, exchange_name: str, routing_key: str, arguments: dict, method=None):
+        self._bind(self._binding_source(exchange_name, method), queue, routing_key, arguments, method)
+
+    def unbind_queue(self, queue: Queue, exchange_name: str, routing_key: str, arguments: dict, method=None):
+        exchange = self._binding_source(exchange_name, method)
+        if exchange.unbind(queue, routing_key, arguments or {}):
+            self._maybe_auto_delete(exchange)
+
+    def bind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict, method=None):
+        src = self._binding_source(source, method)
+        dst = self._binding_source(destination, method)
+        self._bind(src, dst, routing_key, arguments, method)
+
+    def unbind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict, method=None):
+        src = self._binding_source(source, method)
+        dst = self._binding_source(destination, method)
+        if src.unbind(dst, routing_key, arguments or {}):
+            self._maybe_auto_delete(src)
+
+    # ---- routing -------------------------------------------------------------------------
+    def needs_headers(self) -> bool:
+        return any(x.has_bindings() for x in self._headers_exchanges)
+
+    def route(self, exchange: Exchange, routing_key: str, headers: dict | None) -> list[Queue]:
+        if exchange.name == "":
+            queue = self.queues.get(routing_key)
+            return [queue] if queue is not None else []
+        return route(exchange, routing_key, headers, self.exchanges.get)
+
+    # ---- queues --------------------------------------------------------------------------
+    def queue(self, name: str, owner=None, method=None) -> Queue:
+        """Look a queue up for use by `owner` (a connection): 404 if missing, 405 if exclusive to another."""
+        queue = self.queues.get(name)
+        if queue is None:
+            raise _err(ReplyCode.NOT_FOUND, f"no {self._where('queue', name)}", method)
+        if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
+            raise self._locked(name, method)
+        return queue
+
+    def _locked(self, name: str, method) -> AMQPError:
+        return _err(ReplyCode.RESOURCE_LOCKED,
+                    f"cannot obtain exclusive access to locked {self._where('queue', name)}. It could be "
+                    "originally declared on another connection or the exclusive property value does not "
+                    "match that of the original declaration.", method)
+
+    def declare_queue(self, name: str, passive: bool, durable: bool, exclusive: bool, auto_delete: bool,
+                      arguments: dict, owner, method=None) -> Queue:
+        if passive:
+            return self.queue(name, owner, method)
+        if name == "":
+            name = server_name("amq.gen-")
+        elif name.startswith("amq."):
+            raise _err(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", method)
+        arguments = dict(arguments or {})
+        existing = self.queues.get(name)
+        if existing is not None:
+            if existing.exclusive_owner is not None and existing.exclusive_owner is not owner:
+                raise self._locked(name, method)
+            what = self._where("queue", name)
+            for field, received, current in (("durable", durable, existing.durable),
+                                             ("auto_delete", auto_delete, existing.auto_delete),
+                                             ("exclusive", exclusive, existing.exclusive_owner is not None)):
+                if received != current:
+                    if field == "exclusive":
+                        raise self._locked(name, method)
+                    raise _err(ReplyCode.PRECONDITION_FAILED,
+                               f"inequivalent arg '{field}' for {what}: received '{_fmt(received)}' "
+                               f"but current is '{_fmt(current)}'", method)
+            _check_args(what, arguments, existing.arguments, QUEUE_ARGS_CHECKED, method)
+            return existing
+        _validate_queue_args(self._where("queue", name), arguments, method)
+        try:
+            queue = Queue(name, self.name, durable=durable, exclusive_owner=owner if exclusive else None,
+                          auto_delete=auto_delete, arguments=arguments, on_unused=self._auto_delete_queue)
+        except AMQPError as err:
+            raise _err(err.code, err.text.split(" - ", 1)[-1], method) from None
+        self.queues[name] = queue
+        return queue
+
+    def _auto_delete_queue(self, queue: Queue) -> None:
+        if self.queues.get(queue.name) is queue:
+            self.remove_queue(queue)
+
+    def delete_queue(self, name: str, if_unused: bool, if_empty: bool, owner, method=None) -> int:
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0
+        if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
+            raise self._locked(name, method)
+        if if_unused and queue.consumer_count:
+            raise _err(ReplyCode.PRECONDITION_FAILED, f"{self._where('queue', name)} in use", method)
+        if if_empty and queue.message_count:
+            raise _err(ReplyCode.PRECONDITION_FAILED, f"{self._where('queue', name)} not empty", method)
+        count = queue.message_count
+        self.remove_queue(queue)
+        return count
+
+    def remove_queue(self, queue: Queue) -> None:
+        """Delete a queue: drop its bindings, tell its consumers, forget its messages."""
+        self.queues.pop(queue.name, None)
+        for exchange in list(self.exchanges.values()):
+            if exchange.unbind_all(queue):
+                self._maybe_auto_delete(exchange)
+        consumers = queue.mark_deleted()
+        for consumer in consumers:
+            consumer.channel.consumer_cancelled_by_broker(consumer)
+        if self.on_queue_deleted is not None:
+            self.on_queue_deleted(queue)
+
+
+def _err(code: ReplyCode, text: str, method) -> AMQPError:
+    index = getattr(method, "index", 0) or 0
+    return AMQPError(code, text, index >> 16, index & 0xFFFF)
+
+
+def _check_args(what: str, received: dict, current: dict, checked, method) -> None:
+    for key in checked:
+        new, old = received.get(key), current.get(key)
+        if isinstance(new, bytes):
+            new = new.decode()
+        if isinstance(old, bytes):
+            old = old.decode()
+        if new != old:
+            got = "none" if new is None else f"the value '{_fmt(new)}'"
+            cur = "none" if old is None else f"the value '{_fmt(old)}'"
+            raise _err(ReplyCode.PRECONDITION_FAILED,
+                       f"inequivalent arg '{key}' for {what}: received {got} but current is {cur}", method)
+
+
+def _validate_queue_args(what: str, arguments: dict, method) -> None:
+    for key in ("x-max-length", "x-max-length-bytes", "x-message-ttl", "x-expires", "x-max-priority"):
+        value = arguments.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or \
+                (key == "x-expires" and value == 0):
+            raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg '{key}' for {what}: {value!r}", method)
+    overflow = arguments.get("x-overflow")
+    if isinstance(overflow, bytes):
+        overflow = overflow.decode()
+    if overflow is not None and overflow not in OVERFLOWS:
+        raise _err(ReplyCode.PRECONDITION_FAILED,
+                   f"invalid arg 'x-overflow' for {what}: {{unknown_overflow_type,<<\"{overflow}\">>}}", method)

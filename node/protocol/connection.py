@@ -1,0 +1,411 @@
+"""AMQP 0-9-1 connection state machine, sans I/O.
+
+Theory of operation: the caller feeds bytes with `receive_data()` and gets
+events back; whatever the machine has to say goes to an output buffer the
+caller drains with `data_to_send()`. The machine owns the handshake
+(header, start, tune, open), frame sequencing (method, then content header,
+then body frames), channel opening and closing, and the close handshakes in
+both directions. It knows nothing of queues: every channel-level method is
+handed on as an event. Authentication and vhost checks are plain callables
+given at construction.
+
+Every transition is a table lookup; an illegal frame is a lookup miss that
+becomes the connection error the spec names for it.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Callable
+
+from pamqp import commands
+from pamqp import decode as pdecode
+
+from . import events as ev
+from .frames import (FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, HEARTBEAT_FRAME,
+                     PROTOCOL_HEADER, PUBLISH, FrameReader, decode_content_header, decode_method,
+                     encode_method)
+from .replies import AMQPError, ReplyCode
+
+C = commands.Connection
+Ch = commands.Channel
+
+SERVER_FRAME_MAX = 131072
+SERVER_CHANNEL_MAX = 2047
+SERVER_HEARTBEAT = 60
+FRAME_MIN_SIZE = 4096
+MAX_MESSAGE_SIZE = 128 * 1024 * 1024
+
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": True,
+}
+
+
+class State(enum.Enum):
+    AWAIT_HEADER = "await-header"
+    AWAIT_START_OK = "await-start-ok"
+    AWAIT_TUNE_OK = "await-tune-ok"
+    AWAIT_OPEN = "await-open"
+    OPEN = "open"
+    CLOSING = "closing"      # we sent connection.close, waiting for close-ok
+    CLOSED = "closed"
+
+
+class ChannelState(enum.Enum):
+    OPEN = "open"
+    AWAIT_HEADER = "await-header"   # basic.publish seen, content header next
+    AWAIT_BODY = "await-body"
+    CLOSING = "closing"             # we sent channel.close, waiting for close-ok
+
+
+# Handshake: state -> {method class: handler name}
+HANDSHAKE = {
+    State.AWAIT_START_OK: {C.StartOk: "_on_start_ok"},
+    State.AWAIT_TUNE_OK: {C.TuneOk: "_on_tune_ok"},
+    State.AWAIT_OPEN: {C.Open: "_on_open"},
+}
+
+# Channel framing: (channel state, frame type) -> handler name
+CHANNEL_FRAMES = {
+    (ChannelState.OPEN, FRAME_METHOD): "_on_channel_method",
+    (ChannelState.AWAIT_HEADER, FRAME_HEADER): "_on_content_header",
+    (ChannelState.AWAIT_BODY, FRAME_BODY): "_on_content_body",
+}
+
+UNEXPECTED = {
+    ChannelState.OPEN: "expected method frame, got non method frame instead",
+    ChannelState.AWAIT_HEADER: "expected content header for class 60, got non content header frame instead",
+    ChannelState.AWAIT_BODY: "expected content body, got non content body frame instead",
+}
+
+
+class _Assembly:
+    """A publish being assembled from its method, header and body frames."""
+
+    __slots__ = ("publish", "props_raw", "remaining", "parts")
+
+    def __init__(self, publish):
+        self.publish = publish
+        self.props_raw = b""
+        self.remaining = 0
+        self.parts: list[bytes] = []
+
+
+Authenticator = Callable[[str, str, str], "str | None"]   # (user, password, peer_host) -> user
+VhostCheck = Callable[[str, str], "AMQPError | None"]      # (user, vhost) -> error or None
+
+
+class AMQPConnection:
+    """One client connection's protocol state. Feed bytes in, read bytes and events out."""
+
+    def __init__(self, authenticate: Authenticator, check_vhost: VhostCheck, peer_host: str,
+                 server_properties: dict | None = None, heartbeat: int = SERVER_HEARTBEAT,
+                 frame_max: int = SERVER_FRAME_MAX, channel_max: int = SERVER_CHANNEL_MAX):
+        self.state = State.AWAIT_HEADER
+        self._authenticate = authenticate
+        self._check_vhost = check_vhost
+        self.peer_host = peer_host
+        self.server_properties = dict(server_properties or {})
+        self.server_properties.setdefault("capabilities", CAPABILITIES)
+        self.server_heartbeat = heartbeat
+        self.server_frame_max = frame_max
+        self.server_channel_max = channel_max
+        self.heartbeat = 0
+        self.frame_max = frame_max
+        self.channel_max = channel_max
+        self.user: str | None = None
+        self.vhost: str | None = None
+        self.client_properties: dict = {}
+        self.close_reason: AMQPError | None = None
+        self._header = b""
+        self._reader = FrameReader(frame_max)
+        self._channels: dict[int, ChannelState] = {}
+        self._assembly: dict[int, _Assembly] = {}
+        self._out: list[bytes] = []
+
+    # ---- output -------------------------------------------------------------
+    def send_method(self, channel: int, method) -> None:
+        self._out.append(encode_method(channel, method))
+
+    def send_raw(self, data: bytes) -> None:
+        self._out.append(data)
+
+    def send_heartbeat(self) -> None:
+        self._out.append(HEARTBEAT_FRAME)
+
+    def data_to_send(self) -> bytes:
+        if not self._out:
+            return b""
+        data = b"".join(self._out)
+        self._out.clear()
+        return data
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._out)
+
+    @property
+    def should_close_transport(self) -> bool:
+        return self.state is State.CLOSED
+
+    # ---- input --------------------------------------------------------------
+    def receive_data(self, data: bytes) -> list:
+        """Consume bytes; return the events they complete."""
+        out: list = []
+        if self.state is State.AWAIT_HEADER:
+            data = self._receive_header(data)
+            if not data:
+                return out
+        if self.state is State.CLOSED:
+            return out
+        frames, framing_error = self._reader.feed(data)
+        for ftype, channel, payload in frames:
+            if self.state is State.CLOSED:
+                break
+            try:
+                self._on_frame(ftype, channel, payload, out)
+            except AMQPError as err:
+                if err.is_channel_error and channel and self.state is State.OPEN:
+                    self.close_channel(channel, err)
+                else:
+                    self.close(err)
+        if framing_error is not None and self.state not in (State.CLOSED, State.CLOSING):
+            self.close(framing_error)
+            self.state = State.CLOSED   # the stream is out of sync: nothing more can be read
+        return out
+
+    def _receive_header(self, data: bytes) -> bytes:
+        self._header += data
+        if len(self._header) < 8:
+            if PROTOCOL_HEADER.startswith(self._header):
+                return b""
+        header, rest = self._header[:8], self._header[8:]
+        self._header = b""
+        if header != PROTOCOL_HEADER:
+            self._out.append(PROTOCOL_HEADER)
+            self.state = State.CLOSED
+            self.close_reason = AMQPError(ReplyCode.FRAME_ERROR, f"bad protocol header {header!r}")
+            return b""
+        self.state = State.AWAIT_START_OK
+        self.send_method(0, C.Start(0, 9, self.server_properties, "PLAIN AMQPLAIN", "en_US"))
+        return rest
+
+    def _on_frame(self, ftype: int, channel: int, payload: bytes, out: list) -> None:
+        if ftype == FRAME_HEARTBEAT:
+            return
+        if channel == 0:
+            if ftype != FRAME_METHOD:
+                raise AMQPError(ReplyCode.UNEXPECTED_FRAME,
+                                f"expected method frame on channel 0, got frame type {ftype}")
+            self._on_connection_method(decode_method(payload), out)
+            return
+        if self.state is State.CLOSING:
+            return
+        if self.state is not State.OPEN:
+            raise AMQPError(ReplyCode.CHANNEL_ERROR, f"unexpected frame on channel {channel} before connection.open")
+        if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
+            raise AMQPError(ReplyCode.FRAME_ERROR, f"unknown frame type {ftype}")
+        state = self._channels.get(channel)
+        if state is None:
+            self._on_unopened_channel(channel, ftype, payload, out)
+            return
+        if state is ChannelState.CLOSING:
+            if ftype == FRAME_METHOD:
+                method = decode_method(payload)
+                if isinstance(method, (Ch.CloseOk, Ch.Close)):
+                    if isinstance(method, Ch.Close):
+                        self.send_method(channel, Ch.CloseOk())
+                    del self._channels[channel]
+            return
+        handler = CHANNEL_FRAMES.get((state, ftype))
+        if handler is None:
+            raise AMQPError(ReplyCode.UNEXPECTED_FRAME, UNEXPECTED[state])
+        getattr(self, handler)(channel, payload, out)
+
+    # ---- connection class ---------------------------------------------------
+    def _on_connection_method(self, method, out: list) -> None:
+        if self.state is State.CLOSING:
+            if isinstance(method, C.CloseOk):
+                self.state = State.CLOSED
+            elif isinstance(method, C.Close):
+                self.send_method(0, C.CloseOk())
+                self.state = State.CLOSED
+            return
+        if self.state is State.OPEN:
+            if isinstance(method, C.Close):
+                self.send_method(0, C.CloseOk())
+                self.state = State.CLOSED
+                out.append(ev.ConnectionClosedByPeer(method.reply_code, method.reply_text))
+                return
+            if isinstance(method, C.CloseOk):
+                return
+            if isinstance(method, C.UpdateSecret):
+                self.send_method(0, C.UpdateSecretOk())
+                return
+            raise AMQPError(ReplyCode.COMMAND_INVALID, f"unexpected {method.name} on channel 0")
+        handler = HANDSHAKE.get(self.state, {}).get(type(method))
+        if handler is None:
+            raise AMQPError(ReplyCode.COMMAND_INVALID,
+                            f"expected {'/'.join(m.name for m in HANDSHAKE[self.state])}, got {method.name}")
+        getattr(self, handler)(method, out)
+
+    def _on_start_ok(self, method, out: list) -> None:
+        mechanism = method.mechanism
+        response = method.response if isinstance(method.response, (bytes, bytearray)) \
+            else str(method.response).encode("latin-1")
+        self.client_properties = method.client_properties or {}
+        user, password = _credentials(mechanism, bytes(response))
+        accepted = self._authenticate(user, password, self.peer_host) if user is not None else None
+        if accepted is None:
+            self.close(AMQPError(ReplyCode.ACCESS_REFUSED,
+                                 f"Login was refused using authentication mechanism {mechanism}. "
+                                 "For details see the broker logfile."))
+            return
+        self.user = accepted
+        self.state = State.AWAIT_TUNE_OK
+        self.send_method(0, C.Tune(self.server_channel_max, self.server_frame_max, self.server_heartbeat))
+
+    def _on_tune_ok(self, method, out: list) -> None:
+        frame_max = method.frame_max or self.server_frame_max
+        if frame_max < FRAME_MIN_SIZE:
+            raise AMQPError(ReplyCode.NOT_ALLOWED, f"frame_max={frame_max} < {FRAME_MIN_SIZE} min size")
+        if frame_max > self.server_frame_max:
+            raise AMQPError(ReplyCode.NOT_ALLOWED,
+                            f"frame_max={frame_max} > {self.server_frame_max} max size")
+        channel_max = method.channel_max or self.server_channel_max
+        if channel_max > self.server_channel_max:
+            raise AMQPError(ReplyCode.NOT_ALLOWED,
+                            f"channel_max={channel_max} > {self.server_channel_max} max channels")
+        self.frame_max = frame_max
+        self._reader.frame_max = frame_max
+        self.channel_max = channel_max
+        self.heartbeat = method.heartbeat
+        self.state = State.AWAIT_OPEN
+
+    def _on_open(self, method, out: list) -> None:
+        vhost = method.virtual_host or "/"
+        problem = self._check_vhost(self.user, vhost)
+        if problem is not None:
+            raise problem
+        self.vhost = vhost
+        self.state = State.OPEN
+        self.send_method(0, C.OpenOk())
+        out.append(ev.ConnectionOpened(self.user, vhost, self.client_properties))
+
+    # ---- channels -----------------------------------------------------------
+    def _on_unopened_channel(self, channel: int, ftype: int, payload: bytes, out: list) -> None:
+        method = decode_method(payload) if ftype == FRAME_METHOD else None
+        if not isinstance(method, Ch.Open):
+            raise AMQPError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'")
+        if channel > self.channel_max:
+            raise AMQPError(ReplyCode.CHANNEL_ERROR,
+                            f"channel {channel} exceeds negotiated channel_max {self.channel_max}")
+        self._channels[channel] = ChannelState.OPEN
+        self.send_method(channel, Ch.OpenOk())
+        out.append(ev.ChannelOpened(channel))
+
+    def _on_channel_method(self, channel: int, payload: bytes, out: list) -> None:
+        method = decode_method(payload)
+        index = method.index
+        if index == PUBLISH:
+            self._assembly[channel] = _Assembly(method)
+            self._channels[channel] = ChannelState.AWAIT_HEADER
+            return
+        if isinstance(method, Ch.Open):
+            raise AMQPError(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen")
+        if isinstance(method, Ch.Close):
+            del self._channels[channel]
+            self.send_method(channel, Ch.CloseOk())
+            out.append(ev.ChannelClosedByPeer(channel))
+            return
+        if isinstance(method, Ch.CloseOk):
+            return
+        if (index >> 16) == 10:
+            raise AMQPError(ReplyCode.CHANNEL_ERROR, f"connection method {method.name} on channel {channel}")
+        out.append(ev.MethodReceived(channel, method))
+
+    def _on_content_header(self, channel: int, payload: bytes, out: list) -> None:
+        class_id, body_size, props_raw = decode_content_header(payload)
+        if class_id != 60:
+            raise AMQPError(ReplyCode.UNEXPECTED_FRAME, f"content header for class {class_id}, expected 60")
+        asm = self._assembly[channel]
+        if body_size > MAX_MESSAGE_SIZE:
+            del self._assembly[channel]
+            self._channels[channel] = ChannelState.OPEN
+            raise AMQPError(ReplyCode.PRECONDITION_FAILED,
+                            f"message size {body_size} is larger than configured max size {MAX_MESSAGE_SIZE}",
+                            60, 40)
+        asm.props_raw = props_raw
+        asm.remaining = body_size
+        if body_size == 0:
+            self._finish_message(channel, asm, b"", out)
+        else:
+            self._channels[channel] = ChannelState.AWAIT_BODY
+
+    def _on_content_body(self, channel: int, payload: bytes, out: list) -> None:
+        asm = self._assembly[channel]
+        asm.remaining -= len(payload)
+        if asm.remaining < 0:
+            raise AMQPError(ReplyCode.FRAME_ERROR, "content body larger than the size in its header")
+        if asm.remaining == 0:
+            body = b"".join(asm.parts) + payload if asm.parts else payload
+            self._finish_message(channel, asm, body, out)
+        else:
+            asm.parts.append(payload)
+
+    def _finish_message(self, channel: int, asm: _Assembly, body: bytes, out: list) -> None:
+        del self._assembly[channel]
+        self._channels[channel] = ChannelState.OPEN
+        out.append(ev.MessageReceived(channel, asm.publish, asm.props_raw, body))
+
+    # ---- closing from our side ----------------------------------------------
+    def close_channel(self, channel: int, err: AMQPError) -> None:
+        """Close one channel with a channel error; its frames are ignored until close-ok."""
+        if self._channels.get(channel) in (None, ChannelState.CLOSING):
+            return
+        self._assembly.pop(channel, None)
+        self._channels[channel] = ChannelState.CLOSING
+        self.send_method(channel, Ch.Close(err.code, err.text, err.class_id, err.method_id))
+
+    def close(self, err: AMQPError) -> None:
+        """Close the connection with a connection error (or a forced close)."""
+        if self.state in (State.CLOSING, State.CLOSED):
+            return
+        self.close_reason = err
+        if self.state is State.AWAIT_HEADER:
+            self.state = State.CLOSED
+            return
+        self.send_method(0, C.Close(err.code, err.text, err.class_id, err.method_id))
+        self.state = State.CLOSING
+
+    def open_channels(self) -> list[int]:
+        return list(self._channels)
+
+    def is_channel_usable(self, channel: int) -> bool:
+        return self.state is State.OPEN and self._channels.get(channel) not in (None, ChannelState.CLOSING)
+
+
+def _credentials(mechanism: str, response: bytes) -> tuple[str | None, str | None]:
+    """Decode a PLAIN or AMQPLAIN response into (user, password)."""
+    try:
+        if mechanism == "PLAIN":
+            _authzid, user, password = response.split(b"\x00", 2)
+            return user.decode(), password.decode()
+        if mechanism == "AMQPLAIN":
+            table = pdecode.field_table(len(response).to_bytes(4, "big") + response)[1]
+            user, password = table.get("LOGIN"), table.get("PASSWORD")
+            if isinstance(user, bytes):
+                user = user.decode()
+            if isinstance(password, bytes):
+                password = password.decode()
+            return user, password
+    except (ValueError, UnicodeDecodeError, KeyError):
+        pass
+    return None, None

@@ -1,0 +1,197 @@
+"""Frame codec: bytes in, frames out; methods and content out, bytes back.
+
+pamqp encodes and decodes every method. The few frames on the hot path
+(basic.publish, content header and body, basic.deliver, basic.ack) are
+packed and unpacked here with struct, and message properties travel as the
+raw bytes the publisher sent: the broker never decodes them unless a
+feature needs one (see `node.protocol.properties`).
+"""
+from __future__ import annotations
+
+import struct
+from pamqp import commands
+from pamqp import frame as pframe
+from pamqp.exceptions import UnmarshalingException
+
+from .replies import AMQPError, ReplyCode
+
+FRAME_METHOD = 1
+FRAME_HEADER = 2
+FRAME_BODY = 3
+FRAME_HEARTBEAT = 8
+FRAME_END = 0xCE
+FRAME_END_BYTE = b"\xce"
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+FRAME_OVERHEAD = 8
+
+PUBLISH = (60 << 16) | 40
+ACK = (60 << 16) | 80
+DELIVER = (60 << 16) | 60
+
+_HEAD = struct.Struct(">BHI")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_ACK = struct.Struct(">QB")
+_CONTENT_HEAD = struct.Struct(">HHQ")
+_DELIVER_PREFIX = struct.Struct(">BHII")
+_DELIVER_TAIL = struct.Struct(">QB")
+_HEADER_FRAME_PREFIX = struct.Struct(">BHIHHQ")
+
+
+class FrameReader:
+    """Splits a byte stream into (type, channel, payload) frames.
+
+    A frame larger than `frame_max` or one that does not end in 0xCE is a
+    connection error (501 FRAME_ERROR); a partial frame waits for more bytes.
+    """
+
+    __slots__ = ("_buf", "frame_max")
+
+    def __init__(self, frame_max: int):
+        self._buf = bytearray()
+        self.frame_max = frame_max
+
+    def feed(self, data: bytes) -> tuple[list[tuple[int, int, bytes]], AMQPError | None]:
+        """Every complete frame in the buffer, and the framing error that stopped it, if any."""
+        buf = self._buf
+        buf += data
+        pos = 0
+        end = len(buf)
+        unpack = _HEAD.unpack_from
+        frames = []
+        err = None
+        while end - pos >= 7:
+            ftype, channel, size = unpack(buf, pos)
+            total = size + FRAME_OVERHEAD
+            if total > self.frame_max:
+                err = AMQPError(ReplyCode.FRAME_ERROR,
+                                f"type {ftype}, frame size {total} exceeds frame_max {self.frame_max}")
+                break
+            if end - pos < total:
+                break
+            if buf[pos + total - 1] != FRAME_END:
+                err = AMQPError(ReplyCode.FRAME_ERROR,
+                                f"type {ftype}, channel {channel}: invalid frame end marker")
+                break
+            frames.append((ftype, channel, bytes(buf[pos + 7:pos + 7 + size])))
+            pos += total
+        if err is not None:
+            buf.clear()
+        elif pos:
+            del buf[:pos]
+        return frames, err
+
+
+def decode_method(payload: bytes):
+    """Decode a method frame payload into a pamqp command (or a fast tuple)."""
+    if len(payload) < 4:
+        raise AMQPError(ReplyCode.FRAME_ERROR, "method frame too short")
+    index = _U32.unpack_from(payload, 0)[0]
+    if index == PUBLISH:
+        return _decode_publish(payload)
+    if index == ACK:
+        tag, bits = _ACK.unpack_from(payload, 4)
+        return commands.Basic.Ack(tag, bool(bits & 1))
+    try:
+        method = commands.INDEX_MAPPING[index]()
+    except KeyError:
+        raise AMQPError(ReplyCode.COMMAND_INVALID,
+                        f"unknown method class {index >> 16} method {index & 0xFFFF}") from None
+    try:
+        method.unmarshal(payload[4:])
+    except (UnmarshalingException, struct.error, ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise AMQPError(ReplyCode.SYNTAX_ERROR, f"cannot decode {method.name}: {exc}",
+                        index >> 16, index & 0xFFFF) from None
+    return method
+
+
+class Publish:
+    """basic.publish, decoded by hand: it is the hottest inbound method."""
+
+    __slots__ = ("exchange", "routing_key", "mandatory", "immediate")
+    name = "Basic.Publish"
+    index = PUBLISH
+
+    def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool):
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.immediate = immediate
+
+
+def _decode_publish(payload: bytes) -> Publish:
+    try:
+        pos = 6  # index(4) + reserved short(2)
+        n = payload[pos]
+        exchange = payload[pos + 1:pos + 1 + n].decode()
+        pos += 1 + n
+        n = payload[pos]
+        routing_key = payload[pos + 1:pos + 1 + n].decode()
+        pos += 1 + n
+        bits = payload[pos]
+    except (IndexError, UnicodeDecodeError):
+        raise AMQPError(ReplyCode.SYNTAX_ERROR, "cannot decode Basic.Publish", 60, 40) from None
+    return Publish(exchange, routing_key, bool(bits & 1), bool(bits & 2))
+
+
+def decode_content_header(payload: bytes) -> tuple[int, int, bytes]:
+    """Return (class_id, body_size, raw property bytes)."""
+    if len(payload) < 14:
+        raise AMQPError(ReplyCode.FRAME_ERROR, "content header frame too short")
+    class_id, _weight, body_size = _CONTENT_HEAD.unpack_from(payload, 0)
+    return class_id, body_size, payload[12:]
+
+
+def encode_method(channel: int, method) -> bytes:
+    return pframe.marshal(method, channel)
+
+
+def encode_content(channel: int, props_raw: bytes, body: bytes, frame_max: int) -> bytes:
+    """Content header (class basic, raw properties) plus body frames."""
+    parts = [_HEADER_FRAME_PREFIX.pack(FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, len(body)),
+             props_raw, FRAME_END_BYTE]
+    if body:
+        chunk = frame_max - FRAME_OVERHEAD
+        head = _HEAD.pack
+        for start in range(0, len(body), chunk):
+            piece = body[start:start + chunk]
+            parts.append(head(FRAME_BODY, channel, len(piece)))
+            parts.append(piece)
+            parts.append(FRAME_END_BYTE)
+    return b"".join(parts)
+
+
+def _shortstr(value: str) -> bytes:
+    raw = value.encode()
+    return bytes((len(raw),)) + raw
+
+
+def encode_deliver(channel: int, consumer_tag_raw: bytes, delivery_tag: int, redelivered: bool,
+                   exchange_raw: bytes, routing_key_raw: bytes, props_raw: bytes, body: bytes,
+                   frame_max: int) -> bytes:
+    """basic.deliver + content, with the string fields pre-encoded as shortstrs."""
+    args = (consumer_tag_raw + _DELIVER_TAIL.pack(delivery_tag, 1 if redelivered else 0)
+            + exchange_raw + routing_key_raw)
+    head = _DELIVER_PREFIX.pack(FRAME_METHOD, channel, 4 + len(args), DELIVER)
+    if len(body) <= frame_max - FRAME_OVERHEAD:
+        return b"".join((head, args, FRAME_END_BYTE,
+                         _HEADER_FRAME_PREFIX.pack(FRAME_HEADER, channel, 12 + len(props_raw), 60, 0,
+                                                   len(body)),
+                         props_raw, FRAME_END_BYTE,
+                         _HEAD.pack(FRAME_BODY, channel, len(body)), body, FRAME_END_BYTE)
+                        if body else
+                        (head, args, FRAME_END_BYTE,
+                         _HEADER_FRAME_PREFIX.pack(FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, 0),
+                         props_raw, FRAME_END_BYTE))
+    return head + args + FRAME_END_BYTE + encode_content(channel, props_raw, body, frame_max)
+
+
+def encode_confirm(channel: int, tag: int, multiple: bool, nack: bool = False) -> bytes:
+    if nack:
+        return encode_method(channel, commands.Basic.Nack(tag, multiple, False))
+    return b"".join((_HEAD.pack(FRAME_METHOD, channel, 13), _U32.pack(ACK),
+                     _ACK.pack(tag, 1 if multiple else 0), FRAME_END_BYTE))
+
+
+shortstr = _shortstr

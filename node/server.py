@@ -1,0 +1,169 @@
+"""asyncio glue: sockets in, sessions fed, output written, timers kept.
+
+This is the only module of the AMQP front end that touches transports and
+time. It moves bytes between a socket and a `Session`, applies TCP back
+pressure in both directions (a client that does not read is neither written
+to nor read from until its socket drains), and runs the heartbeat and
+handshake timers.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from .broker.session import Session
+from .protocol.connection import State
+from .protocol.replies import AMQPError, ReplyCode
+
+HANDSHAKE_TIMEOUT = 10.0
+CLOSE_OK_TIMEOUT = 3.0
+WRITE_HIGH_WATER = 4 << 20
+WRITE_LOW_WATER = 1 << 20
+
+
+class AMQPProtocol(asyncio.Protocol):
+    def __init__(self, server: "AMQPServer"):
+        self.server = server
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self.paused = False
+        self.last_received = self.last_sent = 0.0
+        self._flush_handle: asyncio.Handle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._close_timer: asyncio.TimerHandle | None = None
+
+    # ---- transport callbacks -------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
+        peer = transport.get_extra_info("peername") or ("?", 0)
+        self.session = Session(self.server.broker, (str(peer[0]), int(peer[1])))
+        self.session.wakeup = self._schedule_flush
+        self.server.protocols.add(self)
+        self.last_received = self.last_sent = self.loop.time()
+        self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_deadline)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_received = self.loop.time()
+        was_open = self.session.conn.state is State.OPEN
+        self.session.receive_data(data)
+        if not was_open and self.session.conn.state is State.OPEN:
+            self._start_heartbeats()
+        self._flush()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        self.session.writable = False
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.session.writable = True
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
+        self.session.drained()
+        self._flush()
+
+    def eof_received(self):
+        return False
+
+    def connection_lost(self, exc) -> None:
+        for handle in (self._flush_handle, self._timer, self._close_timer):
+            if handle is not None:
+                handle.cancel()
+        self.server.protocols.discard(self)
+        if self.session is not None and not self.session.closed:
+            self.session.log.info("connection lost", reason=str(exc) if exc else "peer closed")
+            self.session.teardown()
+
+    # ---- output ---------------------------------------------------------------------------
+    def _schedule_flush(self) -> None:
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        data = self.session.data_to_send()
+        if data:
+            transport.write(data)
+            self.last_sent = self.loop.time()
+        state = self.session.conn.state
+        if state is State.CLOSED:
+            transport.close()
+            return
+        if state is State.CLOSING and self._close_timer is None:
+            self._close_timer = self.loop.call_later(CLOSE_OK_TIMEOUT, transport.abort)
+        if not self.paused:
+            self.session.drained()
+
+    def force_close(self, err: AMQPError) -> None:
+        """Close from the server side (shutdown, pause-minority): connection.close, then the socket."""
+        if self.session.conn.state is State.OPEN:
+            self.session.close(err)
+            self._flush()
+        elif self.transport is not None:
+            self.transport.close()
+
+    # ---- timers -----------------------------------------------------------------------------
+    def _handshake_deadline(self) -> None:
+        self._timer = None
+        if self.session.conn.state is not State.OPEN and self.transport is not None:
+            self.session.log.info("handshake timeout")
+            self.transport.abort()
+
+    def _start_heartbeats(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.session.heartbeat:
+            self._timer = self.loop.call_later(self.session.heartbeat / 2, self._heartbeat_tick)
+
+    def _heartbeat_tick(self) -> None:
+        interval = self.session.heartbeat
+        now = self.loop.time()
+        if now - self.last_received > 2 * interval:
+            self.session.log.info("missed heartbeats from client, closing", timeout=interval)
+            self.transport.abort()
+            return
+        if now - self.last_sent >= interval / 2 and not self.paused:
+            self.session.conn.send_heartbeat()
+            self._flush()
+        self._timer = self.loop.call_later(interval / 2, self._heartbeat_tick)
+
+
+class AMQPServer:
+    """The AMQP listener of a node and the protocols it has accepted."""
+
+    def __init__(self, broker, host: str, port: int):
+        self.broker = broker
+        self.host = host
+        self.port = port
+        self.loop = asyncio.get_running_loop()
+        self.protocols: set[AMQPProtocol] = set()
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await self.loop.create_server(lambda: AMQPProtocol(self), self.host, self.port,
+                                                     reuse_address=True, backlog=1024)
+        if self.port == 0:
+            self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self, reason: str = "shutdown") -> None:
+        if self._server is not None:
+            self._server.close()
+        err = AMQPError(ReplyCode.CONNECTION_FORCED, f"broker forced connection closure with reason '{reason}'")
+        for protocol in list(self.protocols):
+            protocol.force_close(err)
+        await asyncio.sleep(0)
+        for protocol in list(self.protocols):
+            if protocol.transport is not None:
+                protocol.transport.close()
