@@ -43,6 +43,7 @@ class AMQPProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername") or ("?", 0)
         self.session = Session(self.server.broker, (str(peer[0]), int(peer[1])))
         self.session.wakeup = self._schedule_flush
+        self.session.write_out = self._write_out
         self.server.protocols.add(self)
         self.last_received = self.last_sent = self.loop.time()
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_deadline)
@@ -85,10 +86,7 @@ class AMQPProtocol(asyncio.Protocol):
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)
 
-    def _flush(self) -> None:
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
+    def _write_out(self) -> None:
         transport = self.transport
         if transport is None or transport.is_closing():
             return
@@ -96,6 +94,15 @@ class AMQPProtocol(asyncio.Protocol):
         if data:
             transport.write(data)
             self.last_sent = self.loop.time()
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self._write_out()
         state = self.session.conn.state
         if state is State.CLOSED:
             transport.close()

@@ -33,6 +33,7 @@ class Session:
         self.starved = False
         self.closed = False
         self.wakeup = _nothing          # set by the server: output is waiting outside receive_data
+        self.write_out = _nothing       # set by the server: write pending output to the socket now
         self._confirm_channels: set[Channel] = set()
         self.log = broker.log.bind(peer=f"{peer[0]}:{peer[1]}")
 
@@ -52,6 +53,10 @@ class Session:
     def can_write(self) -> bool:
         if self.writable and self.pending_bytes < OUTPUT_HIGH_WATER:
             return True
+        if self.writable:
+            self.write_out()          # hand the batch to the socket now; it may pause us
+            if self.writable and self.pending_bytes < OUTPUT_HIGH_WATER:
+                return True
         self.starved = True
         return False
 
