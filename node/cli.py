@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--bind", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     node.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     node.add_argument("--log-json", action="store_true", help="log JSON lines instead of key=value")
+    sub.add_parser("perf", help="PerfTest-style load tool (haremq perf --help)", add_help=False)
     return parser
 
 
@@ -55,6 +56,10 @@ def _event_loop_policy() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["perf"]:
+        from bench.perf import main as perf_main
+        return perf_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "node":
         logs.configure(args.log_level, args.log_json)
