@@ -14,6 +14,7 @@ import structlog
 
 from .broker.broker import Broker
 from .server import AMQPServer
+from .store.store import MessageStore, StoreError
 
 
 class NodeError(Exception):
@@ -26,6 +27,7 @@ class NodeConfig:
     data_dir: Path = Path("./haremq-data")
     amqp_port: int = 5672
     bind: str = "127.0.0.1"
+    skip_corrupt: bool = False
 
 
 class Node:
@@ -33,6 +35,7 @@ class Node:
         self.config = config
         self.log = structlog.get_logger("haremq.node").bind(node=config.name)
         self.broker: Broker | None = None
+        self.store: MessageStore | None = None
         self.amqp: AMQPServer | None = None
         self._stopped = asyncio.Event()
 
@@ -45,7 +48,13 @@ class Node:
 
     async def start(self) -> None:
         self._prepare_data_dir()
-        self.broker = Broker(self.config.name)
+        self.store = MessageStore(self.config.data_dir, self.config.name, skip_corrupt=self.config.skip_corrupt)
+        try:
+            recovered = self.store.open()
+        except StoreError as exc:
+            raise NodeError(str(exc)) from None
+        self.broker = Broker(self.config.name, self.store)
+        self.broker.restore(recovered)
         self.amqp = AMQPServer(self.broker, self.config.bind, self.config.amqp_port)
         try:
             await self.amqp.start()
@@ -72,6 +81,8 @@ class Node:
         self.log.info("node stopping")
         if self.amqp is not None:
             await self.amqp.stop()
+        if self.store is not None:
+            await self.store.close()
         self.log.info("node stopped")
 
     async def wait_stopped(self) -> None:

@@ -9,7 +9,7 @@ mode is normal, confirm or tx; switching between confirm and tx is refused
 from __future__ import annotations
 
 import enum
-from collections import defaultdict
+from collections import defaultdict, deque
 
 from pamqp import commands as cmd
 
@@ -18,7 +18,7 @@ from ..protocol.properties import PropertyView, with_reply_to
 from ..protocol.replies import AMQPError, ReplyCode, error
 from .confirms import ConfirmTracker
 from .message import Entry, Message
-from .queue import Consumer, Queue
+from .queue import LOGGED, SAFE, Consumer, Queue
 from .vhost import server_name
 
 REPLY_TO = "amq.rabbitmq.reply-to"
@@ -63,6 +63,8 @@ class Channel:
         self.reply_token: str | None = None
         self.reply_consumer_tag: str | None = None
         self.closed = False
+        self.held = False                 # waiting for durability: later frames wait in backlog
+        self.backlog: deque = deque()
 
     def __repr__(self) -> str:
         return f"<Channel {self.id}>"
@@ -108,6 +110,31 @@ class Channel:
         if not nowait:
             self.session.send_method(self.id, method)
 
+    def _reply_durable(self, method, nowait: bool = False) -> None:
+        """Reply once pending metadata is on disk; a durable declare must survive a crash."""
+        if nowait or not self.session.broker.metadata_pending():
+            self._reply(method, nowait)
+        else:
+            self._hold(method)
+
+    def _hold(self, reply) -> None:
+        """Send `reply` when everything written so far is durable; frames after it wait."""
+        store = self.session.broker.store
+        if store is None:
+            self._reply(reply)
+            return
+        self.held = True
+        store.when_durable(self._release, reply)
+
+    def _release(self, ok: bool, reply) -> None:
+        if self.closed:
+            return
+        if not ok:
+            self.session.log.error("store write failed before reply", channel=self.id, reply=reply.name)
+        self.session.send_method(self.id, reply)
+        self.held = False
+        self.session.resume(self)
+
     def _queue_name(self, name: str, method) -> str:
         if name:
             return name
@@ -119,19 +146,19 @@ class Channel:
     def _exchange_declare(self, m) -> None:
         self.vhost.declare_exchange(m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete,
                                     m.internal, m.arguments, m)
-        self._reply(cmd.Exchange.DeclareOk(), m.nowait)
+        self._reply_durable(cmd.Exchange.DeclareOk(), m.nowait)
 
     def _exchange_delete(self, m) -> None:
         self.vhost.delete_exchange(m.exchange, m.if_unused, m)
-        self._reply(cmd.Exchange.DeleteOk(), m.nowait)
+        self._reply_durable(cmd.Exchange.DeleteOk(), m.nowait)
 
     def _exchange_bind(self, m) -> None:
         self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments, m)
-        self._reply(cmd.Exchange.BindOk(), m.nowait)
+        self._reply_durable(cmd.Exchange.BindOk(), m.nowait)
 
     def _exchange_unbind(self, m) -> None:
         self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments, m)
-        self._reply(cmd.Exchange.UnbindOk(), m.nowait)
+        self._reply_durable(cmd.Exchange.UnbindOk(), m.nowait)
 
     # ---- queue class ------------------------------------------------------------------
     def _queue_declare(self, m) -> None:
@@ -141,18 +168,19 @@ class Channel:
         if queue.exclusive_owner is self.session:
             self.session.exclusive_queues.add(queue)
         self.last_queue = queue.name
-        self._reply(cmd.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count), m.nowait)
+        self._reply_durable(cmd.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count),
+                             m.nowait)
 
     def _queue_bind(self, m) -> None:
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
         routing_key = m.routing_key if (m.routing_key or m.queue) else queue.name
         self.vhost.bind_queue(queue, m.exchange, routing_key, m.arguments, m)
-        self._reply(cmd.Queue.BindOk(), m.nowait)
+        self._reply_durable(cmd.Queue.BindOk(), m.nowait)
 
     def _queue_unbind(self, m) -> None:
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
         self.vhost.unbind_queue(queue, m.exchange, m.routing_key, m.arguments, m)
-        self._reply(cmd.Queue.UnbindOk())
+        self._reply_durable(cmd.Queue.UnbindOk())
 
     def _queue_purge(self, m) -> None:
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
@@ -161,7 +189,7 @@ class Channel:
     def _queue_delete(self, m) -> None:
         count = self.vhost.delete_queue(self._queue_name(m.queue, m), m.if_unused, m.if_empty,
                                         self.session, m)
-        self._reply(cmd.Queue.DeleteOk(count), m.nowait)
+        self._reply_durable(cmd.Queue.DeleteOk(count), m.nowait)
 
     # ---- basic class: consuming ---------------------------------------------------------
     def _basic_qos(self, m) -> None:
@@ -298,7 +326,7 @@ class Channel:
             if requeue:
                 queue.requeue(entries)
             else:
-                queue.settle(len(entries))
+                queue.settle(entries)
         if self.prefetch_global:
             self._dispatch_all()
         for queue in touched:
@@ -365,7 +393,17 @@ class Channel:
             return
         seq = confirms.publish(len(queues))
         for queue in queues:
-            confirms.settle(seq, queue.publish(message))
+            outcome = queue.publish(message)
+            if outcome == LOGGED:
+                queue.store.when_durable(self._on_durable, seq)
+            else:
+                confirms.settle(seq, outcome == SAFE)
+
+    def _on_durable(self, ok: bool, seq: int) -> None:
+        if self.closed:
+            return
+        self.confirms.settle(seq, ok)
+        self.session.note_confirms(self)
 
     def _return(self, message: Message) -> None:
         self.session.send_method(self.id, cmd.Basic.Return(ReplyCode.NO_ROUTE, "NO_ROUTE",
@@ -403,7 +441,7 @@ class Channel:
             self._route_and_enqueue(exchange, message, props, mandatory)
         for kind, records, requeue in acks:
             self._settle(records, requeue=None if kind == "ack" else requeue)
-        self._reply(cmd.Tx.CommitOk())
+        self._hold(cmd.Tx.CommitOk())   # CONF-8: commit-ok only once its writes are durable
 
     def _tx_rollback(self, m) -> None:
         if self.mode is not Mode.TX:
@@ -434,6 +472,7 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        self.backlog.clear()
         self._drop_reply_to()
         consumers = list(self.consumers.values())
         self.consumers.clear()

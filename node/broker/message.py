@@ -46,12 +46,13 @@ class Message:
 class Entry:
     """A message's copy in one queue: its position and whether it was delivered before."""
 
-    __slots__ = ("message", "seq", "redelivered")
+    __slots__ = ("message", "seq", "redelivered", "msg_id")
 
-    def __init__(self, message: Message, seq: int, redelivered: bool = False):
+    def __init__(self, message: Message, seq: int, redelivered: bool = False, msg_id: int = 0):
         self.message = message
         self.seq = seq
         self.redelivered = redelivered
+        self.msg_id = msg_id     # the store's id when the message is logged, else 0
 
     def __lt__(self, other: "Entry") -> bool:
         return self.seq < other.seq

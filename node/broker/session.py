@@ -107,15 +107,26 @@ class Session:
         for event in self.conn.receive_data(data):
             if self.closed:
                 break
-            try:
-                self._handle(event)
-            except AMQPError as err:
-                self._fail(getattr(event, "channel", 0), err)
-            except Exception as exc:  # noqa: BLE001 - a bug closes one connection, never the node
-                self.log.exception("internal error", kind=type(event).__name__)
-                self._fail(0, AMQPError(ReplyCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}"))
+            self._process(event)
         if self.conn.state in (State.CLOSING, State.CLOSED) and not self.closed:
             self.teardown()
+
+    def _process(self, event) -> None:
+        try:
+            self._handle(event)
+        except AMQPError as err:
+            self._fail(getattr(event, "channel", 0), err)
+        except Exception as exc:  # noqa: BLE001 - a bug closes one connection, never the node
+            self.log.exception("internal error", kind=type(event).__name__)
+            self._fail(0, AMQPError(ReplyCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}"))
+
+    def resume(self, channel: Channel) -> None:
+        """A held channel may go on: handle what arrived for it meanwhile, in order."""
+        while channel.backlog and not channel.held and not channel.closed and not self.closed:
+            self._process(channel.backlog.popleft())
+        if channel.confirms is not None and channel.confirms.ready:
+            self._confirm_channels.add(channel)
+        self.wakeup()
 
     def _handle(self, event) -> None:
         kind = type(event)
@@ -123,12 +134,18 @@ class Session:
             channel = self.channels.get(event.channel)
             if channel is None:
                 return   # closed by an error earlier in this read
+            if channel.held:
+                channel.backlog.append(event)
+                return
             channel.publish(event.publish, event.props_raw, event.body)
             if channel.confirms is not None and channel.confirms.ready:
                 self._confirm_channels.add(channel)
         elif kind is ev.MethodReceived:
             channel = self.channels.get(event.channel)
             if channel is None:
+                return
+            if channel.held:
+                channel.backlog.append(event)
                 return
             channel.handle(event.method)
             if channel.confirms is not None and channel.confirms.ready:

@@ -39,9 +39,22 @@ def _fmt(value) -> str:
     return str(value)
 
 
+class Persistence:
+    """What a vhost needs from the node's store; the default keeps nothing."""
+
+    store = None
+
+    def changed(self) -> None:
+        """A durable exchange, queue or binding changed: save the metadata."""
+
+    def new_queue_id(self) -> int:
+        return 0
+
+
 class VHost:
-    def __init__(self, name: str):
+    def __init__(self, name: str, persistence: Persistence | None = None):
         self.name = name
+        self.persistence = persistence or Persistence()
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self._headers_exchanges: list[Exchange] = []
@@ -93,6 +106,8 @@ class VHost:
             exchange = Exchange(name, xtype, durable=durable, auto_delete=auto_delete, internal=internal,
                                 arguments=dict(arguments or {}))
             self._add_exchange(exchange)
+            if durable:
+                self.persistence.changed()
             return exchange
         what = self._where("exchange", name)
         for field, received, current in (("type", xtype.value, existing.type.value),
@@ -119,6 +134,8 @@ class VHost:
 
     def _remove_exchange(self, exchange: Exchange) -> None:
         del self.exchanges[exchange.name]
+        if exchange.durable:
+            self.persistence.changed()
         if exchange in self._headers_exchanges:
             self._headers_exchanges.remove(exchange)
         for source in list(self.exchanges.values()):
@@ -137,9 +154,15 @@ class VHost:
 
     def _bind(self, source: Exchange, destination, routing_key: str, arguments: dict, method) -> None:
         try:
-            source.bind(destination, routing_key, arguments or {})
+            added = source.bind(destination, routing_key, arguments or {})
         except BindingArgumentError as exc:
             raise _err(ReplyCode.PRECONDITION_FAILED, str(exc), method) from None
+        if added:
+            self._binding_changed(source, destination)
+
+    def _binding_changed(self, source: Exchange, destination) -> None:
+        if source.durable and is_durable(destination):
+            self.persistence.changed()
 
     def bind_queue(self, queue: Queue, exchange_name: str, routing_key: str, arguments: dict, method=None):
         self._bind(self._binding_source(exchange_name, method), queue, routing_key, arguments, method)
@@ -147,6 +170,7 @@ class VHost:
     def unbind_queue(self, queue: Queue, exchange_name: str, routing_key: str, arguments: dict, method=None):
         exchange = self._binding_source(exchange_name, method)
         if exchange.unbind(queue, routing_key, arguments or {}):
+            self._binding_changed(exchange, queue)
             self._maybe_auto_delete(exchange)
 
     def bind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict, method=None):
@@ -158,6 +182,7 @@ class VHost:
         src = self._binding_source(source, method)
         dst = self._binding_source(destination, method)
         if src.unbind(dst, routing_key, arguments or {}):
+            self._binding_changed(src, dst)
             self._maybe_auto_delete(src)
 
     # ---- routing -------------------------------------------------------------------------
@@ -212,11 +237,21 @@ class VHost:
             _check_args(what, arguments, existing.arguments, QUEUE_ARGS_CHECKED, method)
             return existing
         _validate_queue_args(self._where("queue", name), arguments, method)
+        logged = durable and not exclusive
         try:
-            queue = Queue(name, self.name, durable=durable, exclusive_owner=owner if exclusive else None,
-                          auto_delete=auto_delete, arguments=arguments, on_unused=self._auto_delete_queue)
+            queue = self.add_queue(name, durable, owner if exclusive else None, auto_delete, arguments,
+                                   self.persistence.new_queue_id() if logged else 0)
         except AMQPError as err:
             raise _err(err.code, err.text.split(" - ", 1)[-1], method) from None
+        if logged:
+            self.persistence.changed()
+        return queue
+
+    def add_queue(self, name: str, durable: bool, owner, auto_delete: bool, arguments: dict,
+                  store_id: int) -> Queue:
+        queue = Queue(name, self.name, durable=durable, exclusive_owner=owner, auto_delete=auto_delete,
+                      arguments=arguments, on_unused=self._auto_delete_queue,
+                      store=self.persistence.store if store_id else None, store_id=store_id)
         self.queues[name] = queue
         return queue
 
@@ -241,6 +276,8 @@ class VHost:
     def remove_queue(self, queue: Queue) -> None:
         """Delete a queue: drop its bindings, tell its consumers, forget its messages."""
         self.queues.pop(queue.name, None)
+        if queue.store is not None:
+            self.persistence.changed()
         for exchange in list(self.exchanges.values()):
             if exchange.unbind_all(queue):
                 self._maybe_auto_delete(exchange)
@@ -249,6 +286,12 @@ class VHost:
             consumer.channel.consumer_cancelled_by_broker(consumer)
         if self.on_queue_deleted is not None:
             self.on_queue_deleted(queue)
+
+
+def is_durable(destination) -> bool:
+    if isinstance(destination, Exchange):
+        return destination.durable
+    return destination.store is not None
 
 
 def _err(code: ReplyCode, text: str, method) -> AMQPError:

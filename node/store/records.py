@@ -1,0 +1,99 @@
+"""Log record format: every record carries its length and a CRC32, so a torn or
+corrupt record is recognised on recovery instead of being read as data.
+
+    crc32 u32 | length u32 | type u8 | payload (length bytes)
+
+The CRC covers type and payload. Segment files are preallocated, so the
+bytes after the last record are zeros: a header of all zeros ends the log.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+
+HEADER = struct.Struct(">IIB")
+HEADER_SIZE = HEADER.size
+
+ENQUEUE = 1     # a persistent message entered a durable queue
+DELIVER = 2     # it was delivered (so it comes back redelivered after a restart)
+ACK = 3         # it left the queue (acked, rejected, dropped, purged)
+
+# ENQUEUE payload: queue id, message id, flags, exchange, routing key, properties, body
+_ENQ = struct.Struct(">IQB")
+_IDS = struct.Struct(">IQ")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+
+FLAG_DELIVERED = 1
+FLAG_TRANSIENT = 2   # paged out under a long queue, not meant to survive a restart
+
+
+def frame(rtype: int, payload: bytes) -> bytes:
+    crc = zlib.crc32(payload, zlib.crc32(bytes((rtype,))))
+    return HEADER.pack(crc, len(payload), rtype) + payload
+
+
+def enqueue(queue_id: int, msg_id: int, flags: int, exchange: bytes, routing_key: bytes,
+            props_raw: bytes, body: bytes) -> bytes:
+    """exchange and routing_key are AMQP shortstrs (length-prefixed)."""
+    payload = b"".join((_ENQ.pack(queue_id, msg_id, flags), exchange, routing_key,
+                        _U32.pack(len(props_raw)), props_raw, body))
+    return frame(ENQUEUE, payload)
+
+
+def deliver(queue_id: int, msg_id: int) -> bytes:
+    return frame(DELIVER, _IDS.pack(queue_id, msg_id))
+
+
+def acks(queue_id: int, msg_ids: list[int]) -> bytes:
+    return frame(ACK, _U32.pack(queue_id) + b"".join(_U64.pack(m) for m in msg_ids))
+
+
+def check(buf, pos: int) -> tuple[int, int, int] | None:
+    """(type, payload start, payload end) of a valid record at pos, None if torn or corrupt.
+
+    A zero header returns (0, pos, pos): the end of the log.
+    """
+    if pos + HEADER_SIZE > len(buf):
+        return (0, pos, pos) if not any(buf[pos:]) else None
+    crc, length, rtype = HEADER.unpack_from(buf, pos)
+    if crc == 0 and length == 0 and rtype == 0:
+        return (0, pos, pos)
+    start = pos + HEADER_SIZE
+    end = start + length
+    if end > len(buf) or rtype not in (ENQUEUE, DELIVER, ACK):
+        return None
+    if zlib.crc32(memoryview(buf)[start:end], zlib.crc32(bytes((rtype,)))) != crc:
+        return None
+    return rtype, start, end
+
+
+def parse_ids(payload) -> tuple[int, int]:
+    return _IDS.unpack_from(payload, 0)
+
+
+def parse_acks(payload) -> tuple[int, list[int]]:
+    queue_id = _U32.unpack_from(payload, 0)[0]
+    n = (len(payload) - 4) // 8
+    return queue_id, list(struct.unpack_from(f">{n}Q", payload, 4))
+
+
+def parse_enqueue_head(payload) -> tuple[int, int, int]:
+    return _ENQ.unpack_from(payload, 0)
+
+
+def parse_enqueue(payload: bytes) -> tuple[int, int, int, str, str, bytes, bytes]:
+    """queue id, message id, flags, exchange, routing key, properties, body."""
+    queue_id, msg_id, flags = _ENQ.unpack_from(payload, 0)
+    pos = _ENQ.size
+    n = payload[pos]
+    exchange = payload[pos + 1:pos + 1 + n].decode()
+    pos += 1 + n
+    n = payload[pos]
+    routing_key = payload[pos + 1:pos + 1 + n].decode()
+    pos += 1 + n
+    plen = _U32.unpack_from(payload, pos)[0]
+    pos += 4
+    props_raw = bytes(payload[pos:pos + plen])
+    body = bytes(payload[pos + plen:])
+    return queue_id, msg_id, flags, exchange, routing_key, props_raw, body

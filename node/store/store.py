@@ -1,0 +1,436 @@
+"""The message store of a node: an append-only segmented log with an in-memory index.
+
+Loop side of the store. Records are appended to an in-memory batch at
+offsets assigned here; one writer thread (see `writer.py`) writes and syncs
+a batch while the next one fills (group commit, CONF-6): a lone publisher
+waits for one sync and no timer, a busy node shares each sync among every
+record that arrived meanwhile. Waiters registered with `when_durable` run
+on the loop once everything appended before them is on disk.
+
+The index maps each live message id to where its ENQUEUE record lies, so a
+queue can keep only ids for messages it has paged out and read them back
+with `read`. A segment is removed once none of its messages is live and
+every segment its ACK and DELIVER records refer to is gone (otherwise a
+restart would bring acked messages back); the oldest segment is compacted
+(its few live records copied to the head) when its live fraction is low.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import structlog
+
+from . import records as rec
+from .writer import Batch, SegmentWriter, segment_path
+
+SEGMENT_SIZE = 64 << 20
+COMPACT_LIVE_FRACTION = 0.5
+COMPACT_INTERVAL = 5.0
+PROGRESS_EVERY = 256 << 20
+
+
+class StoreError(Exception):
+    """The store cannot be opened as it is (for example a corrupt record mid-log)."""
+
+
+def _pack(segment: int, offset: int, length: int, delivered: bool) -> int:
+    return (((segment << 40 | offset) << 32 | length) << 1) | (1 if delivered else 0)
+
+
+def _unpack(loc: int) -> tuple[int, int, int, bool]:
+    delivered = bool(loc & 1)
+    loc >>= 1
+    length = loc & 0xFFFFFFFF
+    loc >>= 32
+    return loc >> 40, loc & ((1 << 40) - 1), length, delivered
+
+
+class Recovered:
+    """What a store held at start: the metadata snapshot and each queue's live messages."""
+
+    def __init__(self):
+        self.meta: bytes | None = None
+        self.queues: dict[int, list[tuple[int, bool]]] = defaultdict(list)   # id -> [(msg id, delivered)]
+        self.messages = 0
+        self.torn_tail: tuple[int, int] | None = None
+        self.skipped: list[tuple[int, int]] = []
+
+
+class MessageStore:
+    def __init__(self, data_dir: Path, node: str = "", segment_size: int = SEGMENT_SIZE,
+                 skip_corrupt: bool = False):
+        self.directory = Path(data_dir) / "msgs"
+        self.meta_path = Path(data_dir) / "meta.bin"
+        self.segment_size = segment_size
+        self.skip_corrupt = skip_corrupt
+        self.log = structlog.get_logger("haremq.store").bind(node=node)
+        self.next_msg_id = 1
+        self.segment = 1
+        self.position = 0
+        self.index: dict[int, int] = {}
+        self.live: dict[int, int] = defaultdict(int)
+        self.live_bytes: dict[int, int] = defaultdict(int)
+        self.refs: dict[int, set[int]] = defaultdict(set)
+        self.segments: set[int] = set()
+        self.durable_upto = (1, 0)
+        self.failed: OSError | None = None
+        self.on_failure: Callable[[OSError | None], None] | None = None
+        self.stats = {"batches": 0, "fsyncs": 0, "records": 0, "bytes": 0, "sync_seconds": 0.0,
+                      "compacted": 0, "segments_removed": 0}
+        self._pending: list[list] = []          # [[segment, offset, [chunks], size]]
+        self._pending_waiters: list = []
+        self._pending_meta: Callable[[], bytes] | None = None
+        self._pending_remove: list[int] = []
+        self._inflight: list | None = None       # waiters of the batch being written
+        self._inflight_end = (1, 0)
+        self._kick_handle = None
+        self._read_fds: dict[int, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writer: SegmentWriter | None = None
+        self._compactor: asyncio.Task | None = None
+        self._closed = False
+
+    # ---- lifetime ----------------------------------------------------------------------
+    def open(self) -> Recovered:
+        """Recover from disk (before serving; blocking is fine here) and start the writer."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        recovered = self._recover()
+        self._loop = asyncio.get_running_loop()
+        self._writer = SegmentWriter(self.directory, self.segment_size, self.meta_path,
+                                     self._batch_done, self._loop)
+        self._writer.start()
+        self._compactor = self._loop.create_task(self._compact_periodically())
+        return recovered
+
+    async def close(self) -> None:
+        if self._closed or self._writer is None:
+            return
+        self._closed = True
+        if self._compactor is not None:
+            self._compactor.cancel()
+        while self._inflight is not None or self._pending or self._pending_meta is not None:
+            self._kick()
+            await asyncio.sleep(0.005)
+        await asyncio.to_thread(self._writer.stop)
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
+
+    # ---- appending -----------------------------------------------------------------------
+    def _append(self, record: bytes) -> tuple[int, int]:
+        size = len(record)
+        if self.position and self.position + size > self.segment_size:
+            self.segment += 1
+            self.position = 0
+        segment, offset = self.segment, self.position
+        self.position += size
+        self.segments.add(segment)
+        pending = self._pending
+        if pending and pending[-1][0] == segment:
+            last = pending[-1]
+            last[2].append(record)
+            last[3] += size
+        else:
+            pending.append([segment, offset, [record], size])
+        self.stats["records"] += 1
+        self.stats["bytes"] += size
+        if self._kick_handle is None and self._inflight is None:
+            self._kick_handle = self._loop.call_soon(self._kick)
+        return segment, offset
+
+    def enqueue(self, queue_id: int, exchange_raw: bytes, routing_key_raw: bytes, props_raw: bytes,
+                body: bytes, delivered: bool = False, transient: bool = False) -> int:
+        msg_id = self.next_msg_id
+        self.next_msg_id += 1
+        flags = (rec.FLAG_DELIVERED if delivered else 0) | (rec.FLAG_TRANSIENT if transient else 0)
+        record = rec.enqueue(queue_id, msg_id, flags, exchange_raw, routing_key_raw, props_raw, body)
+        segment, offset = self._append(record)
+        self.index[msg_id] = _pack(segment, offset, len(record), delivered)
+        self.live[segment] += 1
+        self.live_bytes[segment] += len(record)
+        return msg_id
+
+    def deliver(self, queue_id: int, msg_id: int) -> None:
+        loc = self.index.get(msg_id)
+        if loc is None or loc & 1:
+            return
+        self.index[msg_id] = loc | 1
+        segment, _off = self._append(rec.deliver(queue_id, msg_id))
+        enq_segment = _unpack(loc)[0]
+        if enq_segment != segment:
+            self.refs[segment].add(enq_segment)
+
+    def ack(self, queue_id: int, msg_ids: list[int]) -> None:
+        live_ids = []
+        enq_segments = set()
+        for msg_id in msg_ids:
+            loc = self.index.pop(msg_id, None)
+            if loc is None:
+                continue
+            segment, _off, length, _d = _unpack(loc)
+            self.live[segment] -= 1
+            self.live_bytes[segment] -= length
+            enq_segments.add(segment)
+            live_ids.append(msg_id)
+        if not live_ids:
+            return
+        segment, _off = self._append(rec.acks(queue_id, live_ids))
+        enq_segments.discard(segment)
+        self.refs[segment].update(enq_segments)
+
+    def save_meta(self, build: Callable[[], bytes]) -> None:
+        """Replace the metadata snapshot, in order with the records around it.
+
+        `build` runs when the batch is handed to the writer, so many changes in
+        one loop iteration cost one snapshot.
+        """
+        self._pending_meta = build
+        if self._kick_handle is None and self._inflight is None:
+            self._kick_handle = self._loop.call_soon(self._kick)
+
+    @property
+    def meta_pending(self) -> bool:
+        return self._pending_meta is not None
+
+    def when_durable(self, fn: Callable, *args) -> None:
+        """Call fn(ok, *args) once everything appended so far is on disk (ok=False if it failed)."""
+        if self._pending or self._pending_meta is not None:
+            self._pending_waiters.append((fn, args))
+        elif self._inflight is not None:
+            self._inflight.append((fn, args))
+        else:
+            fn(self.failed is None, *args)
+
+    # ---- group commit --------------------------------------------------------------------------
+    def _kick(self) -> None:
+        self._kick_handle = None
+        if self._inflight is not None or self._writer is None:
+            return
+        if not self._pending and self._pending_meta is None and not self._pending_remove:
+            if self._pending_waiters:
+                waiters, self._pending_waiters = self._pending_waiters, []
+                for fn, args in waiters:
+                    fn(self.failed is None, *args)
+            return
+        batch = Batch(writes=[(seg, off, b"".join(chunks)) for seg, off, chunks, _size in self._pending],
+                      meta=self._pending_meta() if self._pending_meta is not None else None,
+                      remove=self._pending_remove)
+        self._inflight_end = (self.segment, self.position)
+        self._inflight = self._pending_waiters
+        self._pending = []
+        self._pending_waiters = []
+        self._pending_meta = None
+        self._pending_remove = []
+        self._writer.submit(batch)
+
+    def _batch_done(self, batch: Batch) -> None:
+        waiters, self._inflight = self._inflight, None
+        self.stats["batches"] += 1
+        self.stats["fsyncs"] += batch.fsyncs
+        self.stats["sync_seconds"] += batch.seconds
+        ok = batch.error is None
+        if ok:
+            self.durable_upto = self._inflight_end
+            if self.failed is not None:
+                self.log.info("store writes succeed again")
+                self.failed = None
+                if self.on_failure:
+                    self.on_failure(None)
+        else:
+            if self.failed is None:
+                self.log.error("store write failed", error=str(batch.error))
+                if self.on_failure:
+                    self.on_failure(batch.error)
+            self.failed = batch.error
+        for fn, args in waiters:
+            fn(ok, *args)
+        self._remove_dead_segments()
+        if self._pending or self._pending_meta is not None or self._pending_remove:
+            self._kick()
+        elif self._pending_waiters:
+            self._kick()
+
+    # ---- reading back ---------------------------------------------------------------------------
+    def is_durable(self, msg_id: int) -> bool:
+        loc = self.index.get(msg_id)
+        if loc is None:
+            return False
+        segment, offset, _len, _d = _unpack(loc)
+        return (segment, offset) < self.durable_upto
+
+    def read(self, msg_id: int):
+        """(exchange, routing key, properties, body, delivered) of a live message, from disk."""
+        segment, offset, length, delivered = _unpack(self.index[msg_id])
+        fd = self._read_fds.get(segment)
+        if fd is None:
+            fd = os.open(segment_path(self.directory, segment), os.O_RDONLY)
+            self._read_fds[segment] = fd
+        data = os.pread(fd, length, offset)
+        _qid, _mid, _flags, exchange, routing_key, props_raw, body = rec.parse_enqueue(data[rec.HEADER_SIZE:])
+        return exchange, routing_key, props_raw, body, delivered
+
+    # ---- space ----------------------------------------------------------------------------------
+    def _remove_dead_segments(self) -> None:
+        current = self.segment
+        for segment in sorted(self.segments):
+            if segment == current or self.live.get(segment, 0) > 0:
+                continue
+            if any(ref in self.segments for ref in self.refs.get(segment, ())):
+                continue
+            self.segments.discard(segment)
+            self.live.pop(segment, None)
+            self.live_bytes.pop(segment, None)
+            self.refs.pop(segment, None)
+            fd = self._read_fds.pop(segment, None)
+            if fd is not None:
+                os.close(fd)
+            self._pending_remove.append(segment)
+            self.stats["segments_removed"] += 1
+
+    async def _compact_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(COMPACT_INTERVAL)
+            try:
+                self.compact()
+            except OSError as exc:
+                self.log.warning("compaction skipped", error=str(exc))
+
+    def compact(self) -> int:
+        """Copy the live records of the oldest segment to the head if few of them are live."""
+        older = sorted(s for s in self.segments if s != self.segment)
+        if not older:
+            return 0
+        oldest = older[0]
+        if self.live.get(oldest, 0) == 0:
+            return 0
+        if self.live_bytes.get(oldest, 0) > COMPACT_LIVE_FRACTION * self.segment_size:
+            return 0
+        moving = [m for m, loc in self.index.items() if (loc >> 73) == oldest and self.is_durable(m)]
+        for msg_id in moving:
+            segment, offset, length, delivered = _unpack(self.index[msg_id])
+            fd = self._read_fds.get(segment)
+            if fd is None:
+                fd = os.open(segment_path(self.directory, segment), os.O_RDONLY)
+                self._read_fds[segment] = fd
+            record = os.pread(fd, length, offset)
+            new_segment, new_offset = self._append(record)
+            self.index[msg_id] = _pack(new_segment, new_offset, length, delivered)
+            self.live[segment] -= 1
+            self.live_bytes[segment] -= length
+            self.live[new_segment] += 1
+            self.live_bytes[new_segment] += length
+        if moving:
+            self.stats["compacted"] += len(moving)
+            self.log.info("compacted segment", segment=oldest, moved=len(moving))
+        return len(moving)
+
+    # ---- recovery -------------------------------------------------------------------------------
+    def _recover(self) -> Recovered:
+        recovered = Recovered()
+        if self.meta_path.exists():
+            recovered.meta = self.meta_path.read_bytes()
+        segments = sorted(int(p.stem) for p in self.directory.glob("*.seg") if p.stem.isdigit())
+        if not segments:
+            return recovered
+        started = time.monotonic()
+        total = sum(segment_path(self.directory, s).stat().st_size for s in segments)
+        self.log.info("recovering store", segments=len(segments), bytes=total)
+        where: dict[int, tuple[int, int, int, int, bool]] = {}   # msg id -> (queue, seg, off, len, delivered)
+        done_bytes = 0
+        next_report = PROGRESS_EVERY
+        max_id = 0
+        last_end = (segments[-1], 0)
+        for n, segment in enumerate(segments):
+            path = segment_path(self.directory, segment)
+            data = path.read_bytes()
+            view = memoryview(data)
+            pos = 0
+            is_last = n == len(segments) - 1
+            while pos < len(data):
+                found = rec.check(data, pos)
+                if found is None:
+                    if is_last and self._is_torn_tail(data, pos):
+                        self.log.warning("dropping torn record at the tail", segment=segment, offset=pos)
+                        recovered.torn_tail = (segment, pos)
+                        self._zero_tail(path, pos, data)
+                        break
+                    if not self.skip_corrupt:
+                        raise StoreError(f"corrupt record in segment {path.name} at offset {pos}; "
+                                         "start with --skip-corrupt to drop the rest of that segment")
+                    self.log.error("skipping corrupt rest of segment", segment=segment, offset=pos)
+                    recovered.skipped.append((segment, pos))
+                    break
+                rtype, start, end = found
+                if rtype == 0:
+                    break
+                payload = view[start:end]
+                if rtype == rec.ENQUEUE:
+                    queue_id, msg_id, flags = rec.parse_enqueue_head(payload)
+                    max_id = max(max_id, msg_id)
+                    if not flags & rec.FLAG_TRANSIENT:
+                        where[msg_id] = (queue_id, segment, pos, end - pos, bool(flags & rec.FLAG_DELIVERED))
+                elif rtype == rec.DELIVER:
+                    _queue_id, msg_id = rec.parse_ids(payload)
+                    hit = where.get(msg_id)
+                    if hit is not None:
+                        where[msg_id] = hit[:4] + (True,)
+                        if hit[1] != segment:
+                            self.refs[segment].add(hit[1])
+                else:
+                    _queue_id, msg_ids = rec.parse_acks(payload)
+                    for msg_id in msg_ids:
+                        hit = where.pop(msg_id, None)
+                        if hit is not None and hit[1] != segment:
+                            self.refs[segment].add(hit[1])
+                pos = end
+                if is_last:
+                    last_end = (segment, pos)
+            self.segments.add(segment)
+            done_bytes += len(data)
+            if done_bytes >= next_report:
+                next_report += PROGRESS_EVERY
+                self.log.info("recovery progress", done=f"{100 * done_bytes // max(total, 1)}%",
+                              messages=len(where))
+        for msg_id, (queue_id, segment, offset, length, delivered) in where.items():
+            self.index[msg_id] = _pack(segment, offset, length, delivered)
+            self.live[segment] += 1
+            self.live_bytes[segment] += length
+            recovered.queues[queue_id].append((msg_id, delivered))
+        for items in recovered.queues.values():
+            items.sort()
+        recovered.messages = len(where)
+        self.next_msg_id = max_id + 1
+        self.segment, self.position = last_end
+        self.durable_upto = last_end
+        self._inflight_end = last_end
+        self.log.info("store recovered", messages=len(where), queues=len(recovered.queues),
+                      seconds=round(time.monotonic() - started, 2))
+        return recovered
+
+    @staticmethod
+    def _is_torn_tail(data: bytes, pos: int) -> bool:
+        """A bad record followed only by zeros (past its claimed length) is the torn last write."""
+        if pos + rec.HEADER_SIZE > len(data):
+            return True
+        _crc, length, _t = rec.HEADER.unpack_from(data, pos)
+        after = pos + rec.HEADER_SIZE + length
+        if after >= len(data):
+            return True
+        tail = memoryview(data)[after:]
+        return tail.tobytes().count(0) == len(tail)
+
+    @staticmethod
+    def _zero_tail(path: Path, pos: int, data: bytes) -> None:
+        end = len(data.rstrip(b"\x00"))
+        if end > pos:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, bytes(end - pos), pos)
+                os.fsync(fd)
+            finally:
+                os.close(fd)

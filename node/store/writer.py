@@ -1,0 +1,137 @@
+"""The store's writer thread: the only place that writes, syncs or removes files.
+
+The event loop hands it batches; it writes each batch (records at the
+offsets the loop assigned, an optional metadata snapshot, segments to
+remove), makes it durable with one fdatasync per touched segment, and
+reports back on the loop. New segment files are preallocated
+(posix_fallocate) so that a sync after an append need not update the
+file's size, and their directory entry is synced once.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass
+class Batch:
+    writes: list = field(default_factory=list)      # [(segment, offset, bytes)]
+    meta: bytes | None = None
+    remove: list = field(default_factory=list)      # segments to delete
+    error: OSError | None = None
+    fsyncs: int = 0
+    seconds: float = 0.0
+
+
+def segment_path(directory: Path, segment: int) -> Path:
+    return directory / f"{segment:08d}.seg"
+
+
+class SegmentWriter:
+    def __init__(self, directory: Path, segment_size: int, meta_path: Path,
+                 done: Callable[[Batch], None], loop):
+        self.directory = directory
+        self.segment_size = segment_size
+        self.meta_path = meta_path
+        self._done = done
+        self._loop = loop
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._fds: dict[int, int] = {}
+        self._thread = threading.Thread(target=self._run, name="haremq-store-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, batch: Batch) -> None:
+        self._jobs.put(batch)
+
+    def stop(self) -> None:
+        """Finish what was submitted, close files, end the thread."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            batch = self._jobs.get()
+            if batch is None:
+                break
+            started = time.perf_counter()
+            try:
+                self._apply(batch)
+            except OSError as exc:
+                batch.error = exc
+            batch.seconds = time.perf_counter() - started
+            try:
+                self._loop.call_soon_threadsafe(self._done, batch)
+            except RuntimeError:   # the loop is closed: the node is going away
+                break
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _apply(self, batch: Batch) -> None:
+        touched = []
+        for segment, offset, data in batch.writes:
+            fd = self._fd(segment)
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(fd, view, offset)
+                view = view[n:]
+                offset += n
+            if segment not in touched:
+                touched.append(segment)
+        for segment in touched:
+            os.fdatasync(self._fds[segment])
+            batch.fsyncs += 1
+        if batch.meta is not None:
+            tmp = self.meta_path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, batch.meta)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.meta_path)
+            self._sync_directory(self.meta_path.parent)
+            batch.fsyncs += 2
+        for segment in batch.remove:
+            fd = self._fds.pop(segment, None)
+            if fd is not None:
+                os.close(fd)
+            try:
+                os.unlink(segment_path(self.directory, segment))
+            except FileNotFoundError:
+                pass
+
+    def _fd(self, segment: int) -> int:
+        fd = self._fds.get(segment)
+        if fd is None:
+            path = segment_path(self.directory, segment)
+            existed = path.exists()
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            if os.fstat(fd).st_size < self.segment_size:
+                try:
+                    os.posix_fallocate(fd, 0, self.segment_size)
+                except OSError:
+                    os.close(fd)
+                    if not existed:
+                        os.unlink(path)
+                    raise
+            if not existed:
+                os.fsync(fd)
+                self._sync_directory(self.directory)
+            self._fds[segment] = fd
+        return fd
+
+    @staticmethod
+    def _sync_directory(directory: Path) -> None:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
