@@ -37,6 +37,7 @@ class Node:
         self.broker: Broker | None = None
         self.store: MessageStore | None = None
         self.amqp: AMQPServer | None = None
+        self._stopping = False
         self._stopped = asyncio.Event()
 
     async def __aenter__(self) -> "Node":
@@ -75,15 +76,17 @@ class Node:
             raise NodeError(f"data dir {path} is not writable: {exc.strerror or exc}") from None
 
     async def stop(self) -> None:
-        if self._stopped.is_set():
+        if self._stopping:
+            await self._stopped.wait()
             return
-        self._stopped.set()
+        self._stopping = True
         self.log.info("node stopping")
         if self.amqp is not None:
             await self.amqp.stop()
         if self.store is not None:
             await self.store.close()
         self.log.info("node stopped")
+        self._stopped.set()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

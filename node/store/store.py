@@ -117,6 +117,8 @@ class MessageStore:
             self._kick()
             await asyncio.sleep(0.005)
         await asyncio.to_thread(self._writer.stop)
+        self.log.info("store closed", **{k: round(v, 3) if isinstance(v, float) else v
+                                          for k, v in self.stats.items()})
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
