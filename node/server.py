@@ -44,6 +44,7 @@ class AMQPProtocol(asyncio.Protocol):
         self.session = Session(self.server.broker, (str(peer[0]), int(peer[1])))
         self.session.wakeup = self._schedule_flush
         self.session.write_out = self._write_out
+        self.session.set_reading = self._set_reading
         self.server.protocols.add(self)
         self.last_received = self.last_sent = self.loop.time()
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_deadline)
@@ -64,10 +65,19 @@ class AMQPProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.paused = False
         self.session.writable = True
-        if not self.transport.is_closing():
+        if not self.transport.is_closing() and not self.session.blocked:
             self.transport.resume_reading()
         self.session.drained()
         self._flush()
+
+    def _set_reading(self, on: bool) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if on and not self.paused:
+            self.transport.resume_reading()
+        elif not on:
+            self.transport.pause_reading()
+        self._schedule_flush()
 
     def eof_received(self):
         return False
@@ -89,6 +99,8 @@ class AMQPProtocol(asyncio.Protocol):
     def _write_out(self) -> None:
         transport = self.transport
         if transport is None or transport.is_closing():
+            return
+        if not self.session.output_ready(self._schedule_flush):
             return
         data = self.session.data_to_send()
         if data:
@@ -137,6 +149,8 @@ class AMQPProtocol(asyncio.Protocol):
     def _heartbeat_tick(self) -> None:
         interval = self.session.heartbeat
         now = self.loop.time()
+        if self.paused or self.session.blocked:
+            self.last_received = now     # we are not reading: silence is ours, not the client's
         if now - self.last_received > 2 * interval:
             self.session.log.info("missed heartbeats from client, closing", timeout=interval)
             self.transport.abort()

@@ -22,7 +22,10 @@ class Broker(Persistence):
         self.users = Users()
         self.sessions: set = set()
         self._reply_to: dict[str, object] = {}
+        self.alarms: set[str] = set()
         self.log = structlog.get_logger("haremq.broker").bind(node=node_name)
+        if store is not None:
+            store.on_failure = self._store_failure
 
     def server_properties(self) -> dict:
         return {
@@ -47,6 +50,24 @@ class Broker(Persistence):
 
     def vhost(self, name: str) -> VHost:
         return self.vhosts[name]
+
+    # ---- resource alarms (ERR-4) ------------------------------------------------------------
+    def set_alarm(self, name: str, active: bool) -> None:
+        before = bool(self.alarms)
+        if active:
+            self.alarms.add(name)
+        else:
+            self.alarms.discard(name)
+        if bool(self.alarms) != before:
+            self.log.warning("resource alarm", alarm=name, active=active)
+            for session in list(self.sessions):
+                session.alarm_changed(bool(self.alarms))
+
+    def alarm_reason(self) -> str:
+        return " & ".join(f"low on {name}" for name in sorted(self.alarms))
+
+    def _store_failure(self, error) -> None:
+        self.set_alarm("disk", error is not None)
 
     # ---- direct reply-to ---------------------------------------------------------------
     def register_reply_to(self, channel) -> str:

@@ -88,6 +88,8 @@ class Channel:
             self.unacked[tag] = Unacked(tag, entry, consumer.queue, consumer)
             consumer.unacked += 1
             self.global_unacked += 1
+            if entry.msg_id:
+                self.session.gate_on(consumer.queue.store)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: tell the client with basic.cancel if it understands it."""
@@ -270,6 +272,8 @@ class Channel:
         self.session.write(encode_content(self.id, message.props_raw, message.body, self.session.frame_max))
         if not m.no_ack:
             self.unacked[tag] = Unacked(tag, entry, queue, None)
+            if entry.msg_id:
+                self.session.gate_on(queue.store)
 
     # ---- basic class: acknowledgements ---------------------------------------------------
     def _take_unacked(self, tag: int, multiple: bool, method) -> list[Unacked]:

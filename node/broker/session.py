@@ -8,6 +8,7 @@ server says when it drains and the session resumes the queues it starved.
 from __future__ import annotations
 
 import structlog
+from pamqp.commands import Connection as Conn
 
 from ..protocol import events as ev
 from ..protocol.connection import AMQPConnection, State
@@ -36,6 +37,12 @@ class Session:
         self.write_out = _nothing       # set by the server: write pending output to the socket now
         self._confirm_channels: set[Channel] = set()
         self.log = broker.log.bind(peer=f"{peer[0]}:{peer[1]}")
+        self.gate: tuple | None = None    # output waits until the store has written up to here
+        self.gate_store = None
+        self.publisher = False        # has published: reading stops while a resource alarm is on
+        self.blocked = False          # reading paused by an alarm (ERR-4)
+        self.set_reading = _nothing_bool   # set by the server: pause (False) or resume (True) reading
+        broker.sessions.add(self)
 
     # ---- properties the channels use ------------------------------------------------------
     @property
@@ -73,6 +80,22 @@ class Session:
 
     def write_confirm(self, channel: int, tag: int, multiple: bool, nack: bool) -> None:
         self.write(encode_confirm(channel, tag, multiple, nack))
+
+    def gate_on(self, store) -> None:
+        """A delivery was recorded in the log: it must reach the OS before the client sees it,
+        so a kill -9 cannot lose the fact that the message was delivered (redelivered flag)."""
+        self.gate = store.append_position
+        self.gate_store = store
+
+    def output_ready(self, retry) -> bool:
+        """False (and retry() later) while gated output waits for the store's write."""
+        gate = self.gate
+        if gate is None:
+            return True
+        if self.gate_store.when_written(gate, retry):
+            self.gate = None
+            return True
+        return False
 
     def note_confirms(self, channel: Channel) -> None:
         """A channel has confirms to send; they go out, coalesced, at the next drain."""
@@ -138,6 +161,10 @@ class Session:
                 channel.backlog.append(event)
                 return
             channel.publish(event.publish, event.props_raw, event.body)
+            if not self.publisher:
+                self.publisher = True
+                if self.broker.alarms:
+                    self.block()
             if channel.confirms is not None and channel.confirms.ready:
                 self._confirm_channels.add(channel)
         elif kind is ev.MethodReceived:
@@ -161,6 +188,8 @@ class Session:
             self.vhost = self.broker.vhost(event.vhost)
             self.log = self.log.bind(vhost=event.vhost, user=event.user)
             self.log.info("connection opened", client=_client_name(event.client_properties))
+            if self.broker.alarms:
+                self.alarm_changed(True)
         elif kind is ev.ConnectionClosedByPeer:
             self.log.info("connection closed by client")
             self.teardown()
@@ -180,11 +209,29 @@ class Session:
         self.conn.close(err)
         self.teardown()
 
+    # ---- resource alarms (ERR-4) ----------------------------------------------------------
+    def alarm_changed(self, active: bool) -> None:
+        """Tell the client (connection.blocked / unblocked) and stop or resume reading a publisher."""
+        if self.closed or self.conn.state is not State.OPEN:
+            return
+        if self.client_capability("connection.blocked"):
+            self.send_method(0, Conn.Blocked(self.broker.alarm_reason()) if active else Conn.Unblocked())
+        if active and self.publisher:
+            self.block()
+        elif not active and self.blocked:
+            self.blocked = False
+            self.set_reading(True)
+
+    def block(self) -> None:
+        self.blocked = True
+        self.set_reading(False)
+
     def teardown(self) -> None:
         """Release everything the connection held: requeue unacked, drop exclusive queues."""
         if self.closed:
             return
         self.closed = True
+        self.broker.sessions.discard(self)
         channels = list(self.channels.values())
         self.channels.clear()
         for channel in channels:
@@ -197,6 +244,10 @@ class Session:
 
 
 def _nothing() -> None:
+    return None
+
+
+def _nothing_bool(_value: bool) -> None:
     return None
 
 

@@ -32,6 +32,7 @@ SEGMENT_SIZE = 64 << 20
 COMPACT_LIVE_FRACTION = 0.5
 COMPACT_INTERVAL = 5.0
 PROGRESS_EVERY = 256 << 20
+RETRY_INTERVAL = 1.0
 
 
 class StoreError(Exception):
@@ -87,6 +88,9 @@ class MessageStore:
         self._pending_meta: Callable[[], bytes] | None = None
         self._pending_remove: list[int] = []
         self._inflight: list | None = None       # waiters of the batch being written
+        self._retry: Batch | None = None
+        self.written_upto = (1, 0)               # handed to the OS (survives a kill -9, not power loss)
+        self._written_waiters: list = []
         self._inflight_end = (1, 0)
         self._kick_handle = None
         self._read_fds: dict[int, int] = {}
@@ -102,7 +106,7 @@ class MessageStore:
         recovered = self._recover()
         self._loop = asyncio.get_running_loop()
         self._writer = SegmentWriter(self.directory, self.segment_size, self.meta_path,
-                                     self._batch_done, self._loop)
+                                     self._batch_done, self._loop, self._batch_written)
         self._writer.start()
         self._compactor = self._loop.create_task(self._compact_periodically())
         return recovered
@@ -113,7 +117,9 @@ class MessageStore:
         self._closed = True
         if self._compactor is not None:
             self._compactor.cancel()
-        while self._inflight is not None or self._pending or self._pending_meta is not None:
+        deadline = time.monotonic() + 10
+        while (self._inflight is not None or self._pending or self._pending_meta is not None) \
+                and time.monotonic() < deadline:
             self._kick()
             await asyncio.sleep(0.005)
         await asyncio.to_thread(self._writer.stop)
@@ -213,15 +219,23 @@ class MessageStore:
         self._kick_handle = None
         if self._inflight is not None or self._writer is None:
             return
-        if not self._pending and self._pending_meta is None and not self._pending_remove:
+        if not self._pending and self._pending_meta is None and not self._pending_remove \
+                and self._retry is None:
             if self._pending_waiters:
                 waiters, self._pending_waiters = self._pending_waiters, []
                 for fn, args in waiters:
                     fn(self.failed is None, *args)
             return
-        batch = Batch(writes=[(seg, off, b"".join(chunks)) for seg, off, chunks, _size in self._pending],
-                      meta=self._pending_meta() if self._pending_meta is not None else None,
-                      remove=self._pending_remove)
+        writes = [(seg, off, b"".join(chunks)) for seg, off, chunks, _size in self._pending]
+        meta = self._pending_meta() if self._pending_meta is not None else None
+        remove = self._pending_remove
+        retry = self._retry
+        if retry is not None:   # a failed batch is written again, before what came after it
+            self._retry = None
+            writes = retry.writes + writes
+            meta = meta if meta is not None else retry.meta
+            remove = retry.remove + remove
+        batch = Batch(writes=writes, meta=meta, remove=remove, end=(self.segment, self.position))
         self._inflight_end = (self.segment, self.position)
         self._inflight = self._pending_waiters
         self._pending = []
@@ -238,24 +252,49 @@ class MessageStore:
         ok = batch.error is None
         if ok:
             self.durable_upto = self._inflight_end
+            self._batch_written(self._inflight_end)
             if self.failed is not None:
                 self.log.info("store writes succeed again")
                 self.failed = None
                 if self.on_failure:
                     self.on_failure(None)
         else:
+            # Nothing after a failed write may be read back as durable, and nothing may
+            # leave a hole in the log: keep the batch and write it again, first, later.
+            self._retry = Batch(writes=batch.writes, meta=batch.meta, remove=batch.remove)
             if self.failed is None:
-                self.log.error("store write failed", error=str(batch.error))
+                self.log.error("store write failed; publishes are nacked until it succeeds",
+                               error=str(batch.error))
                 if self.on_failure:
                     self.on_failure(batch.error)
             self.failed = batch.error
+            if self._kick_handle is None:
+                self._kick_handle = self._loop.call_later(RETRY_INTERVAL, self._kick)
         for fn, args in waiters:
             fn(ok, *args)
         self._remove_dead_segments()
-        if self._pending or self._pending_meta is not None or self._pending_remove:
+        if ok and (self._pending or self._pending_meta is not None or self._pending_remove
+                   or self._pending_waiters):
             self._kick()
-        elif self._pending_waiters:
-            self._kick()
+
+    @property
+    def append_position(self) -> tuple[int, int]:
+        return self.segment, self.position
+
+    def when_written(self, position: tuple[int, int], fn: Callable[[], None]) -> bool:
+        """True if the log up to position is in the OS already; otherwise call fn() once it is."""
+        if position <= self.written_upto:
+            return True
+        self._written_waiters.append(fn)
+        return False
+
+    def _batch_written(self, end: tuple[int, int]) -> None:
+        if end > self.written_upto:
+            self.written_upto = end
+        if self._written_waiters:
+            waiters, self._written_waiters = self._written_waiters, []
+            for fn in waiters:
+                fn()
 
     # ---- reading back ---------------------------------------------------------------------------
     def is_durable(self, msg_id: int) -> bool:
@@ -409,6 +448,7 @@ class MessageStore:
         self.next_msg_id = max_id + 1
         self.segment, self.position = last_end
         self.durable_upto = last_end
+        self.written_upto = last_end
         self._inflight_end = last_end
         self.log.info("store recovered", messages=len(where), queues=len(recovered.queues),
                       seconds=round(time.monotonic() - started, 2))

@@ -23,6 +23,7 @@ class Batch:
     writes: list = field(default_factory=list)      # [(segment, offset, bytes)]
     meta: bytes | None = None
     remove: list = field(default_factory=list)      # segments to delete
+    end: tuple = (0, 0)                              # log position after the last write
     error: OSError | None = None
     fsyncs: int = 0
     seconds: float = 0.0
@@ -34,11 +35,12 @@ def segment_path(directory: Path, segment: int) -> Path:
 
 class SegmentWriter:
     def __init__(self, directory: Path, segment_size: int, meta_path: Path,
-                 done: Callable[[Batch], None], loop):
+                 done: Callable[[Batch], None], loop, written: Callable[[tuple], None] | None = None):
         self.directory = directory
         self.segment_size = segment_size
         self.meta_path = meta_path
         self._done = done
+        self._written = written
         self._loop = loop
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._fds: dict[int, int] = {}
@@ -85,6 +87,9 @@ class SegmentWriter:
                 offset += n
             if segment not in touched:
                 touched.append(segment)
+        if touched and self._written is not None:
+            # In the OS now: it survives a kill of this process even before the sync.
+            self._loop.call_soon_threadsafe(self._written, batch.end)
         for segment in touched:
             os.fdatasync(self._fds[segment])
             batch.fsyncs += 1
