@@ -28,6 +28,7 @@ class NodeConfig:
     amqp_port: int = 5672
     bind: str = "127.0.0.1"
     skip_corrupt: bool = False
+    segment_size: int = 64 << 20
 
 
 class Node:
@@ -49,7 +50,8 @@ class Node:
 
     async def start(self) -> None:
         self._prepare_data_dir()
-        self.store = MessageStore(self.config.data_dir, self.config.name, skip_corrupt=self.config.skip_corrupt)
+        self.store = MessageStore(self.config.data_dir, self.config.name, segment_size=self.config.segment_size,
+                                  skip_corrupt=self.config.skip_corrupt)
         try:
             recovered = self.store.open()
         except StoreError as exc:

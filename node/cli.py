@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--bind", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     node.add_argument("--skip-corrupt", action="store_true",
                       help="start even if a segment has a corrupt record mid-log (drops the rest of it)")
+    node.add_argument("--segment-size", type=int, default=64 << 20,
+                      help="bytes per message-store segment file (default 64 MiB)")
     node.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     node.add_argument("--log-json", action="store_true", help="log JSON lines instead of key=value")
     sub.add_parser("perf", help="PerfTest-style load tool (haremq perf --help)", add_help=False)
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "node":
         logs.configure(args.log_level, args.log_json)
         config = NodeConfig(name=args.name, data_dir=args.data_dir, amqp_port=args.amqp_port, bind=args.bind,
-                            skip_corrupt=args.skip_corrupt)
+                            skip_corrupt=args.skip_corrupt, segment_size=args.segment_size)
         _event_loop_policy()
         try:
             asyncio.run(_run_node(config))

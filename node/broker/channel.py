@@ -54,7 +54,6 @@ class Channel:
         self.prefetch_consumer = 0
         self.prefetch_global = 0
         self.global_unacked = 0
-        self.flow_active = True
         self.mode = Mode.NORMAL
         self.confirms: ConfirmTracker | None = None
         self.tx_publishes: list[tuple] = []
@@ -71,7 +70,7 @@ class Channel:
 
     # ---- delivery --------------------------------------------------------------------
     def can_deliver(self) -> bool:
-        if not self.flow_active or self.closed:
+        if self.closed:
             return False
         if self.prefetch_global and self.global_unacked >= self.prefetch_global:
             return False
@@ -88,7 +87,9 @@ class Channel:
             self.unacked[tag] = Unacked(tag, entry, consumer.queue, consumer)
             consumer.unacked += 1
             self.global_unacked += 1
-            if entry.msg_id:
+            if entry.msg_id and consumer.queue.store.is_written(entry.msg_id):
+                # Its DELIVER record must be in the OS before the client sees it; if the
+                # ENQUEUE is not written yet, both go out in the same write anyway.
                 self.session.gate_on(consumer.queue.store)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
@@ -180,8 +181,10 @@ class Channel:
         self._reply_durable(cmd.Queue.BindOk(), m.nowait)
 
     def _queue_unbind(self, m) -> None:
-        queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
-        self.vhost.unbind_queue(queue, m.exchange, m.routing_key, m.arguments, m)
+        name = self._queue_name(m.queue, m)
+        if name in self.vhost.queues and m.exchange in self.vhost.exchanges:   # unbinding nothing is fine
+            queue = self.vhost.queue(name, self.session, m)
+            self.vhost.unbind_queue(queue, m.exchange, m.routing_key, m.arguments, m)
         self._reply_durable(cmd.Queue.UnbindOk())
 
     def _queue_purge(self, m) -> None:
@@ -195,6 +198,8 @@ class Channel:
 
     # ---- basic class: consuming ---------------------------------------------------------
     def _basic_qos(self, m) -> None:
+        if m.prefetch_size:
+            raise error(ReplyCode.NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})", m)
         if m.prefetch_count < 0 or m.prefetch_count > 65535:
             raise error(ReplyCode.PRECONDITION_FAILED, f"prefetch count {m.prefetch_count} out of range", m)
         if m.global_:
@@ -272,7 +277,7 @@ class Channel:
         self.session.write(encode_content(self.id, message.props_raw, message.body, self.session.frame_max))
         if not m.no_ack:
             self.unacked[tag] = Unacked(tag, entry, queue, None)
-            if entry.msg_id:
+            if entry.msg_id and queue.store.is_written(entry.msg_id):
                 self.session.gate_on(queue.store)
 
     # ---- basic class: acknowledgements ---------------------------------------------------
@@ -329,8 +334,10 @@ class Channel:
         for queue, entries in touched.items():
             if requeue:
                 queue.requeue(entries)
-            else:
+            elif requeue is None:
                 queue.settle(entries)
+            else:
+                queue.reject(entries)
         if self.prefetch_global:
             self._dispatch_all()
         for queue in touched:
@@ -462,10 +469,9 @@ class Channel:
 
     # ---- channel class ------------------------------------------------------------------------
     def _channel_flow(self, m) -> None:
-        self.flow_active = m.active
-        self._reply(cmd.Channel.FlowOk(m.active))
-        if m.active:
-            self._dispatch_all()
+        if not m.active:   # RabbitMQ 3.x: consumers use prefetch instead
+            raise error(ReplyCode.NOT_IMPLEMENTED, "active=false", m)
+        self._reply(cmd.Channel.FlowOk(True))
 
     def _channel_flow_ok(self, m) -> None:
         return

@@ -72,6 +72,7 @@ class Queue:
         self.tail_bytes = 0
         self.store = store if durable and exclusive_owner is None else None
         self.store_id = store_id
+        self.dead_letter: Callable[["Queue", list, str], None] | None = None   # set when it has a DLX
         self.consumers: deque[Consumer] = deque()
         self.unacked = 0
         self.deleted = False
@@ -145,6 +146,8 @@ class Queue:
                 return
             dropped = self.ready.popleft()
             self.ready_bytes -= len(dropped.message.body)
+            if self.dead_letter is not None:
+                self.dead_letter(self, [dropped.message], "maxlen")
             self._forget([dropped])
 
     def _forget(self, entries) -> None:
@@ -217,6 +220,12 @@ class Queue:
             self.unacked += 1
             if entry.msg_id and not entry.redelivered:
                 self.store.deliver(self.store_id, entry.msg_id)
+
+    def reject(self, entries: list[Entry]) -> None:
+        """Delivered entries were rejected or nacked without requeue: dead-letter them if we can."""
+        if self.dead_letter is not None and not self.deleted:
+            self.dead_letter(self, [e.message for e in entries], "rejected")
+        self.settle(entries)
 
     def settle(self, entries: list[Entry]) -> None:
         """Delivered entries were acked (or rejected without requeue)."""

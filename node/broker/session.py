@@ -211,19 +211,24 @@ class Session:
 
     # ---- resource alarms (ERR-4) ----------------------------------------------------------
     def alarm_changed(self, active: bool) -> None:
-        """Tell the client (connection.blocked / unblocked) and stop or resume reading a publisher."""
+        """A publisher is blocked (connection.blocked, not read) until the alarm clears;
+        a connection that only consumes is left alone, as in RabbitMQ."""
         if self.closed or self.conn.state is not State.OPEN:
             return
-        if self.client_capability("connection.blocked"):
-            self.send_method(0, Conn.Blocked(self.broker.alarm_reason()) if active else Conn.Unblocked())
         if active and self.publisher:
             self.block()
         elif not active and self.blocked:
             self.blocked = False
+            if self.client_capability("connection.blocked"):
+                self.send_method(0, Conn.Unblocked())
             self.set_reading(True)
 
     def block(self) -> None:
+        if self.blocked:
+            return
         self.blocked = True
+        if self.client_capability("connection.blocked"):
+            self.send_method(0, Conn.Blocked(self.broker.alarm_reason()))
         self.set_reading(False)
 
     def teardown(self) -> None:

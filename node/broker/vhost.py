@@ -10,7 +10,11 @@ import base64
 import os
 from typing import Callable
 
+from datetime import datetime, timezone
+
+from ..protocol.properties import decode_properties, encode_properties
 from ..protocol.replies import AMQPError, ReplyCode
+from .message import Message
 from .exchange import BindingArgumentError, Exchange, ExchangeType, route
 from .queue import OVERFLOWS, Queue
 
@@ -122,9 +126,11 @@ class VHost:
         return existing
 
     def delete_exchange(self, name: str, if_unused: bool, method=None) -> None:
-        if name == "" or name.startswith("amq."):
-            raise _err(ReplyCode.ACCESS_REFUSED, f"operation not permitted on {self._where('exchange', name)}"
-                       if name else "operation not permitted on the default exchange", method)
+        if name == "":
+            raise _err(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange", method)
+        if name.startswith("amq."):
+            raise _err(ReplyCode.ACCESS_REFUSED,
+                       f"deletion of system {self._where('exchange', name)} not allowed", method)
         exchange = self.exchanges.get(name)
         if exchange is None:
             return
@@ -252,8 +258,48 @@ class VHost:
         queue = Queue(name, self.name, durable=durable, exclusive_owner=owner, auto_delete=auto_delete,
                       arguments=arguments, on_unused=self._auto_delete_queue,
                       store=self.persistence.store if store_id else None, store_id=store_id)
+        if arguments.get("x-dead-letter-exchange") is not None:
+            queue.dead_letter = self.dead_letter
         self.queues[name] = queue
         return queue
+
+    def dead_letter(self, queue: Queue, messages: list, reason: str) -> None:
+        """Republish messages a queue lets go (rejected, maxlen) to its dead-letter exchange."""
+        dlx = _text(queue.arguments.get("x-dead-letter-exchange"))
+        exchange = self.exchanges.get(dlx)
+        if exchange is None:
+            return
+        dl_key = _text(queue.arguments.get("x-dead-letter-routing-key"))
+        for message in messages:
+            routing_key = dl_key if dl_key is not None else message.routing_key
+            props = decode_properties(message.props_raw)
+            headers = dict(props.headers or {})
+            deaths = list(headers.get("x-death") or [])
+            for i, death in enumerate(deaths):
+                if _text(death.get("queue")) == queue.name and _text(death.get("reason")) == reason:
+                    death = dict(death, count=int(death.get("count", 1)) + 1,
+                                 time=datetime.now(timezone.utc).replace(microsecond=0))
+                    deaths.pop(i)
+                    break
+            else:
+                death = {"count": 1, "reason": reason, "queue": queue.name,
+                         "time": datetime.now(timezone.utc).replace(microsecond=0),
+                         "exchange": message.exchange, "routing-keys": [message.routing_key]}
+                if props.expiration:
+                    death["original-expiration"] = props.expiration
+            deaths.insert(0, death)
+            headers["x-death"] = deaths
+            if "x-first-death-reason" not in headers:
+                headers.update({"x-first-death-reason": reason, "x-first-death-queue": queue.name,
+                                "x-first-death-exchange": message.exchange})
+            props.headers = headers
+            props.expiration = None
+            dead = Message(exchange.name, routing_key, encode_properties(props), message.body,
+                           message.persistent, message.priority, None)
+            for target in self.route(exchange, routing_key, headers):
+                if target is queue and reason != "rejected":
+                    continue   # a cycle: RabbitMQ drops it
+                target.publish(dead)
 
     def _auto_delete_queue(self, queue: Queue) -> None:
         if self.queues.get(queue.name) is queue:
@@ -288,6 +334,10 @@ class VHost:
             self.on_queue_deleted(queue)
 
 
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def is_durable(destination) -> bool:
     if isinstance(destination, Exchange):
         return destination.durable
@@ -307,8 +357,8 @@ def _check_args(what: str, received: dict, current: dict, checked, method) -> No
         if isinstance(old, bytes):
             old = old.decode()
         if new != old:
-            got = "none" if new is None else f"the value '{_fmt(new)}'"
-            cur = "none" if old is None else f"the value '{_fmt(old)}'"
+            got = "none" if new is None else f"'{_fmt(new)}'"
+            cur = "none" if old is None else f"'{_fmt(old)}'"
             raise _err(ReplyCode.PRECONDITION_FAILED,
                        f"inequivalent arg '{key}' for {what}: received {got} but current is {cur}", method)
 
@@ -325,5 +375,4 @@ def _validate_queue_args(what: str, arguments: dict, method) -> None:
     if isinstance(overflow, bytes):
         overflow = overflow.decode()
     if overflow is not None and overflow not in OVERFLOWS:
-        raise _err(ReplyCode.PRECONDITION_FAILED,
-                   f"invalid arg 'x-overflow' for {what}: {{unknown_overflow_type,<<\"{overflow}\">>}}", method)
+        raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg 'x-overflow' for {what}: invalid_overflow", method)

@@ -22,8 +22,8 @@ from pamqp import decode as pdecode
 
 from . import events as ev
 from .frames import (FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, HEARTBEAT_FRAME,
-                     PROTOCOL_HEADER, PUBLISH, FrameReader, decode_content_header, decode_method,
-                     encode_method)
+                     PROTOCOL_HEADER, PROTOCOL_HEADERS, PUBLISH, FrameReader, UnknownMethod,
+                     decode_content_header, decode_method, encode_method, erlang_binary)
 from .replies import AMQPError, ReplyCode
 
 C = commands.Connection
@@ -171,6 +171,10 @@ class AMQPConnection:
                 break
             try:
                 self._on_frame(ftype, channel, payload, out)
+            except UnknownMethod as exc:
+                self.close_reason = AMQPError(ReplyCode.COMMAND_INVALID, str(exc))
+                self.state = State.CLOSED      # as RabbitMQ: the connection is dropped, no close frame
+                break
             except AMQPError as err:
                 if err.is_channel_error and channel and self.state is State.OPEN:
                     self.close_channel(channel, err)
@@ -184,34 +188,37 @@ class AMQPConnection:
     def _receive_header(self, data: bytes) -> bytes:
         self._header += data
         if len(self._header) < 8:
-            if PROTOCOL_HEADER.startswith(self._header):
+            if any(h.startswith(self._header) for h in PROTOCOL_HEADERS):
                 return b""
         header, rest = self._header[:8], self._header[8:]
         self._header = b""
-        if header != PROTOCOL_HEADER:
+        if header not in PROTOCOL_HEADERS:
             self._out.append(PROTOCOL_HEADER)
             self.state = State.CLOSED
             self.close_reason = AMQPError(ReplyCode.FRAME_ERROR, f"bad protocol header {header!r}")
             return b""
         self.state = State.AWAIT_START_OK
-        self.send_method(0, C.Start(0, 9, self.server_properties, "PLAIN AMQPLAIN", "en_US"))
+        self.send_method(0, C.Start(0, 9, self.server_properties, "AMQPLAIN PLAIN", "en_US"))
         return rest
 
     def _on_frame(self, ftype: int, channel: int, payload: bytes, out: list) -> None:
         if ftype == FRAME_HEARTBEAT:
+            if channel:
+                raise AMQPError(ReplyCode.UNEXPECTED_FRAME,
+                                f"type {ftype}, all octets = {erlang_binary(payload)}")
             return
+        if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
+            raise AMQPError(ReplyCode.FRAME_ERROR, f"type {ftype}, all octets = {erlang_binary(payload)}: "
+                            "unknown_frame")
         if channel == 0:
             if ftype != FRAME_METHOD:
-                raise AMQPError(ReplyCode.UNEXPECTED_FRAME,
-                                f"expected method frame on channel 0, got frame type {ftype}")
+                raise AMQPError(ReplyCode.UNEXPECTED_FRAME, UNEXPECTED[ChannelState.OPEN])
             self._on_connection_method(decode_method(payload), out)
             return
         if self.state is State.CLOSING:
             return
         if self.state is not State.OPEN:
             raise AMQPError(ReplyCode.CHANNEL_ERROR, f"unexpected frame on channel {channel} before connection.open")
-        if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
-            raise AMQPError(ReplyCode.FRAME_ERROR, f"unknown frame type {ftype}")
         state = self._channels.get(channel)
         if state is None:
             self._on_unopened_channel(channel, ftype, payload, out)
@@ -226,7 +233,8 @@ class AMQPConnection:
             return
         handler = CHANNEL_FRAMES.get((state, ftype))
         if handler is None:
-            raise AMQPError(ReplyCode.UNEXPECTED_FRAME, UNEXPECTED[state])
+            ids = (60, 40) if state in (ChannelState.AWAIT_HEADER, ChannelState.AWAIT_BODY) else (0, 0)
+            raise AMQPError(ReplyCode.UNEXPECTED_FRAME, UNEXPECTED[state], *ids)
         getattr(self, handler)(channel, payload, out)
 
     # ---- connection class ---------------------------------------------------
@@ -249,7 +257,8 @@ class AMQPConnection:
             if isinstance(method, C.UpdateSecret):
                 self.send_method(0, C.UpdateSecretOk())
                 return
-            raise AMQPError(ReplyCode.COMMAND_INVALID, f"unexpected {method.name} on channel 0")
+            raise AMQPError(ReplyCode.CHANNEL_ERROR, "unexpected method in connection state running",
+                            method.index >> 16, method.index & 0xFFFF)
         handler = HANDSHAKE.get(self.state, {}).get(type(method))
         if handler is None:
             raise AMQPError(ReplyCode.COMMAND_INVALID,
@@ -267,6 +276,7 @@ class AMQPConnection:
             self.close(AMQPError(ReplyCode.ACCESS_REFUSED,
                                  f"Login was refused using authentication mechanism {mechanism}. "
                                  "For details see the broker logfile."))
+            self.state = State.CLOSED   # as RabbitMQ: the socket goes without waiting for close-ok
             return
         self.user = accepted
         self.state = State.AWAIT_TUNE_OK
@@ -303,7 +313,8 @@ class AMQPConnection:
     def _on_unopened_channel(self, channel: int, ftype: int, payload: bytes, out: list) -> None:
         method = decode_method(payload) if ftype == FRAME_METHOD else None
         if not isinstance(method, Ch.Open):
-            raise AMQPError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'")
+            index = getattr(method, "index", 0)
+            raise AMQPError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", index >> 16, index & 0xFFFF)
         if channel > self.channel_max:
             raise AMQPError(ReplyCode.CHANNEL_ERROR,
                             f"channel {channel} exceeds negotiated channel_max {self.channel_max}")
@@ -319,7 +330,7 @@ class AMQPConnection:
             self._channels[channel] = ChannelState.AWAIT_HEADER
             return
         if isinstance(method, Ch.Open):
-            raise AMQPError(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen")
+            raise AMQPError(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
         if isinstance(method, Ch.Close):
             del self._channels[channel]
             self.send_method(channel, Ch.CloseOk())

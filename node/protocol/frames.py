@@ -22,6 +22,7 @@ FRAME_HEARTBEAT = 8
 FRAME_END = 0xCE
 FRAME_END_BYTE = b"\xce"
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+PROTOCOL_HEADERS = (PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09")   # 0-9-1 in both spellings clients use
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 FRAME_OVERHEAD = 8
 
@@ -65,14 +66,15 @@ class FrameReader:
             ftype, channel, size = unpack(buf, pos)
             total = size + FRAME_OVERHEAD
             if total > self.frame_max:
-                err = AMQPError(ReplyCode.FRAME_ERROR,
-                                f"type {ftype}, frame size {total} exceeds frame_max {self.frame_max}")
+                err = AMQPError(ReplyCode.FRAME_ERROR, f"type {ftype}, all octets = <<>>: "
+                                f"{{frame_too_large,{size},{self.frame_max - FRAME_OVERHEAD}}}")
                 break
             if end - pos < total:
                 break
             if buf[pos + total - 1] != FRAME_END:
-                err = AMQPError(ReplyCode.FRAME_ERROR,
-                                f"type {ftype}, channel {channel}: invalid frame end marker")
+                err = AMQPError(ReplyCode.FRAME_ERROR, f"type {ftype}, all octets = "
+                                f"{erlang_binary(buf[pos + 7:pos + 7 + size])}: "
+                                f"{{invalid_frame_end_marker,{buf[pos + total - 1]}}}")
                 break
             frames.append((ftype, channel, bytes(buf[pos + 7:pos + 7 + size])))
             pos += total
@@ -81,6 +83,18 @@ class FrameReader:
         elif pos:
             del buf[:pos]
         return frames, err
+
+
+def erlang_binary(data) -> str:
+    """Bytes as Erlang prints a binary, the way RabbitMQ's frame errors show them."""
+    data = bytes(data[:64])
+    if data and all(32 <= b < 127 for b in data):
+        return '<<"' + data.decode().replace("\\", "\\\\").replace('"', '\\"') + '">>'
+    return "<<" + ",".join(str(b) for b in data) + ">>"
+
+
+class UnknownMethod(Exception):
+    """An unknown class or method id: RabbitMQ drops the connection without a close frame."""
 
 
 def decode_method(payload: bytes):
@@ -96,8 +110,7 @@ def decode_method(payload: bytes):
     try:
         method = commands.INDEX_MAPPING[index]()
     except KeyError:
-        raise AMQPError(ReplyCode.COMMAND_INVALID,
-                        f"unknown method class {index >> 16} method {index & 0xFFFF}") from None
+        raise UnknownMethod(f"{{unknown_method_id,{{{index >> 16},{index & 0xFFFF}}}}}") from None
     try:
         method.unmarshal(payload[4:])
     except (UnmarshalingException, struct.error, ValueError, IndexError, UnicodeDecodeError) as exc:

@@ -283,8 +283,8 @@ class MessageStore:
 
     def when_written(self, position: tuple[int, int], fn: Callable[[], None]) -> bool:
         """True if the log up to position is in the OS already; otherwise call fn() once it is."""
-        if position <= self.written_upto:
-            return True
+        if position <= self.written_upto or self.failed is not None:
+            return True   # a failing disk must not stop deliveries: consumers keep going (ERR-4)
         self._written_waiters.append(fn)
         return False
 
@@ -303,6 +303,13 @@ class MessageStore:
             return False
         segment, offset, _len, _d = _unpack(loc)
         return (segment, offset) < self.durable_upto
+
+    def is_written(self, msg_id: int) -> bool:
+        loc = self.index.get(msg_id)
+        if loc is None:
+            return False
+        segment, offset, _len, _d = _unpack(loc)
+        return (segment, offset) < self.written_upto
 
     def read(self, msg_id: int):
         """(exchange, routing key, properties, body, delivered) of a live message, from disk."""

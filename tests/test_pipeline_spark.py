@@ -1,0 +1,386 @@
+"""The PySpark connector (pipeline/) against a real `haremq node`: at-least-once, both ways.
+
+Run apart from xdist (one SparkSession per module takes ~10-16 s to start):
+
+    SPARK_LOCAL_IP=127.0.0.1 python -m pytest -m spark -p no:xdist tests/test_pipeline_spark.py -s
+
+Needs `pip install -e '.[spark]'` and Java 17; the module is skipped, saying which, when
+pyspark or java is missing. Every module starts its own node on a free port. With
+HAREMQ_TEST_REF_PORT=PORT the same tests run against a RabbitMQ on 127.0.0.1:PORT instead.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
+
+pytest.importorskip("pyspark", reason="pyspark is not installed: pip install -e '.[spark]'")
+if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+    pytest.skip("no Java runtime for Spark: apt-get install -y openjdk-17-jre-headless",
+                allow_module_level=True)
+
+import pika  # noqa: E402
+
+from pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris  # noqa: E402
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+REF_PORT = os.environ.get("HAREMQ_TEST_REF_PORT")
+
+
+# --------------------------------------------------------------------------- a node and Spark
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+class HareNode:
+    def __init__(self, workdir: Path):
+        self.port = int(REF_PORT) if REF_PORT else _free_port()
+        self.workdir = workdir
+        self.proc = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@{HOST}:{self.port}/%2F"
+
+    def start(self) -> "HareNode":
+        if REF_PORT:
+            return self
+        exe = shutil.which("haremq")
+        argv = [exe] if exe else [sys.executable, "-c", "import sys; from node.cli import main; sys.exit(main())"]
+        self.log = open(self.workdir / "node.log", "ab")
+        self.proc = subprocess.Popen(
+            [*argv, "node", "--name", "spark", "--data-dir", str(self.workdir / "data"),
+             "--amqp-port", str(self.port)],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not _port_open(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"haremq node did not start: {(self.workdir / 'node.log').read_text()[-500:]}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    n = HareNode(tmp_path_factory.mktemp("hare")).start()
+    yield n
+    n.stop()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ.setdefault("SPARK_LOCAL_IP", HOST)
+    # Spark's Python workers import `pipeline` themselves: make sure they can find it.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    from pyspark.sql import SparkSession
+
+    from pipeline import register
+
+    session = (SparkSession.builder.master("local[2]").appName("haremq-pipeline-tests")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _name(prefix: str) -> str:
+    return f"{prefix}.{uuid.uuid4().hex[:8]}"
+
+
+def _channel(url: str):
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    return conn, conn.channel()
+
+
+def _declare(url: str, *queues: str) -> None:
+    conn, ch = _channel(url)
+    for q in queues:
+        ch.queue_declare(q, durable=True)
+    conn.close()
+
+
+def _counts(url: str, queue: str):
+    """(ready messages, consumers) of `queue`."""
+    conn, ch = _channel(url)
+    try:
+        ok = ch.queue_declare(queue, passive=True).method
+        return ok.message_count, ok.consumer_count
+    finally:
+        conn.close()
+
+
+def _fill(url: str, queue: str, bodies) -> int:
+    props = pika.BasicProperties(delivery_mode=2)
+    return ConfirmingPublisher(parse_uris(url, "test"), "").publish(Outgoing(queue, b, props) for b in bodies)
+
+
+class Drain:
+    """Consumes a queue (auto-ack) in the test process, counting bodies and message ids."""
+
+    def __init__(self, url: str, queue: str):
+        self.conn, self.ch = _channel(url)
+        self.ch.basic_qos(prefetch_count=2000)
+        self.bodies = collections.Counter()
+        self.ids = collections.Counter()
+        self.ch.basic_consume(queue, self._on_message, auto_ack=True)
+
+    def _on_message(self, _ch, _method, props, body):
+        self.bodies[body] += 1
+        self.ids[props.message_id] += 1
+
+    def pump(self, seconds: float) -> None:
+        self.conn.process_data_events(time_limit=seconds)
+
+    def until(self, pred, timeout: float, on_idle=None) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.pump(0.2)
+            if pred():
+                return True
+            if on_idle is not None:
+                on_idle()
+        return pred()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @property
+    def total(self) -> int:
+        return sum(self.bodies.values())
+
+
+def _wait_consumers_gone(url: str, queue: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    ready, consumers = _counts(url, queue)
+    while consumers and time.monotonic() < deadline:
+        time.sleep(0.2)
+        ready, consumers = _counts(url, queue)
+    return ready, consumers
+
+
+# --------------------------------------------------------------------------- (a) 50,000 through
+
+def test_50k_messages_flow_queue_to_spark_to_queue(spark, node, tmp_path):
+    n = 50_000
+    src, dst = _name("spark.in"), _name("spark.out")
+    _declare(node.url, src, dst)
+    expected = {f"m-{i:06d}".encode() for i in range(n)}
+    assert _fill(node.url, src, sorted(expected)) == n
+
+    drain = Drain(node.url, dst)
+    t0 = time.monotonic()
+    df = spark.readStream.format("haremq").option("uri", node.url).option("queue", src).load()
+    q = (df.select("body").writeStream.format("haremq").option("uri", node.url)
+         .option("exchange", "").option("routingKey", dst)
+         .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        def failed():
+            if q.exception() is not None:
+                raise AssertionError(f"query failed: {q.exception()}")
+        done = drain.until(lambda: expected <= set(drain.bodies), 240, on_idle=failed)
+        elapsed = time.monotonic() - t0
+        missing = len(expected - set(drain.bodies))
+        print(f"\n50k: {len(expected) - missing}/{n} distinct in {elapsed:.1f}s "
+              f"({n / elapsed:.0f} rows/s incl. query start), {drain.total - len(set(drain.bodies))} duplicates")
+        assert done, f"{missing} of {n} messages never arrived"
+        # The last batch is acked only once Spark commits it; the idle flush makes that happen.
+        time.sleep(3)
+    finally:
+        q.stop()
+    ready, consumers = _wait_consumers_gone(node.url, src)
+    drain.pump(1)
+    drain.close()
+    assert consumers == 0, "the source's consumer outlived the query"
+    assert ready == 0, f"{ready} messages came back to {src}: acks were missing"
+    assert drain.total == n, f"{drain.total - n} duplicates without any failure"
+
+
+# --------------------------------------------------------------------------- (b) SIGKILL mid-stream
+
+def _start_job(url, src, dst, checkpoint: Path, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, SPARK_LOCAL_IP=HOST,
+               PYTHONPATH=os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.examples.transform_job", "--uri", url, "--source", src,
+         "--target", dst, "--checkpoint", str(checkpoint), "--max-rows", "500"],
+        stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+
+def _kill_job(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the driver, its JVM and the JVM's Python workers
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+def test_job_sigkilled_mid_stream_and_restarted_loses_nothing(node, tmp_path):
+    n = 20_000
+    src, dst = _name("kill.in"), _name("kill.out")
+    _declare(node.url, src, dst)
+    bodies = [f"k-{i:06d}".encode() for i in range(n)]
+    assert _fill(node.url, src, bodies) == n
+    expected = {b.upper() for b in bodies}  # the example job upper-cases bodies
+    ck, log = tmp_path / "ck", tmp_path / "job.log"
+    drain = Drain(node.url, dst)
+
+    def job_alive(proc):
+        def check():
+            if proc.poll() is not None:
+                raise AssertionError(f"job exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        return check
+
+    job = _start_job(node.url, src, dst, ck, log)
+    try:
+        assert drain.until(lambda: drain.total >= 3000, 180, on_idle=job_alive(job)), \
+            f"the job produced nothing:\n{log.read_text()[-3000:]}"
+        _kill_job(job)
+        at_kill = drain.total
+        drain.pump(1)
+        print(f"\nSIGKILL after {at_kill} output messages ({len(set(drain.bodies))} distinct)")
+        assert len(set(drain.bodies)) < n, "the job finished before it could be killed mid-stream"
+
+        job = _start_job(node.url, src, dst, ck, log)
+        done = drain.until(lambda: expected <= set(drain.bodies), 300, on_idle=job_alive(job))
+        time.sleep(5)  # the idle flush lets Spark commit, and the source ack, the last batch
+    finally:
+        _kill_job(job, signal.SIGTERM)
+    ready, consumers = _wait_consumers_gone(node.url, src)
+    drain.pump(2)
+    drain.close()
+    missing = len(expected - set(drain.bodies))
+    duplicates = drain.total - len(set(drain.bodies))
+    dup_ids = sum(c - 1 for c in drain.ids.values() if c > 1)
+    print(f"after restart: {drain.total} output messages, {len(expected) - missing}/{n} distinct, "
+          f"{duplicates} duplicates ({dup_ids} by message_id = dedup_id), {ready} left in the input")
+    assert done and missing == 0, f"{missing} messages lost"
+    assert dup_ids == duplicates, "dedup_id is not stable across redelivery"
+    assert ready == 0, f"{ready} messages came back to the input after the restarted job stopped"
+
+
+# --------------------------------------------------------------------------- (c) clear failures
+
+def _query_error(spark, tmp_path, source: dict, sink: dict | None = None, wait: float = 60) -> str:
+    """Start a query; return the text of the exception it fails with (load(), start() or later)."""
+    q = None
+    try:
+        r = spark.readStream.format("haremq")
+        for k, v in source.items():
+            r = r.option(k, v)
+        df = r.load()
+        if sink is None:
+            w = df.writeStream.format("noop")
+        else:
+            w = df.select("body").writeStream.format("haremq")
+            for k, v in sink.items():
+                w = w.option(k, v)
+        q = w.option("checkpointLocation", str(tmp_path / uuid.uuid4().hex)).start()
+        q.awaitTermination(wait)
+    except Exception as e:  # noqa: BLE001 - the point is the text
+        return str(e)
+    finally:
+        if q is not None:
+            q.stop()
+    pytest.fail("the query did not fail")
+
+
+@pytest.fixture(scope="module")
+def inq(node):
+    q = _name("err.in")
+    _declare(node.url, q)
+    return q
+
+
+def test_bad_uri_fails_the_query_naming_it(spark, node, inq, tmp_path):
+    text = _query_error(spark, tmp_path, {"uri": "amqp://guest:guest@127.0.0.1:notaport/", "queue": inq})
+    assert "haremq source: bad uri 'amqp://guest:***@127.0.0.1:notaport/'" in text
+    assert "guest:guest" not in text, "the password leaked into the error"
+
+
+def test_unreachable_node_fails_the_query_naming_it(spark, node, inq, tmp_path):
+    port = _free_port()
+    text = _query_error(spark, tmp_path, {"uri": f"amqp://guest:guest@127.0.0.1:{port}/%2F", "queue": inq})
+    assert f"cannot connect to 127.0.0.1:{port}: connection refused" in text
+
+
+def test_missing_queue_fails_the_query_naming_it(spark, node, tmp_path):
+    text = _query_error(spark, tmp_path, {"uri": node.url, "queue": "no.such.queue"})
+    assert "queue 'no.such.queue' not found in vhost '/'" in text and "404 NOT_FOUND" in text
+
+
+def test_wrong_credentials_fail_the_query_naming_the_user(spark, node, inq, tmp_path):
+    bad = node.url.replace("guest:guest@", "guest:wrong@")
+    text = _query_error(spark, tmp_path, {"uri": bad, "queue": inq})
+    assert "login refused for user 'guest'" in text and "403 ACCESS_REFUSED" in text
+    assert "wrong" not in text.replace("(wrong user name or password)", ""), "the password leaked"
+
+
+def test_failover_uses_the_next_uri(spark, node, tmp_path):
+    src, dst = _name("fo.in"), _name("fo.out")
+    _declare(node.url, src, dst)
+    _fill(node.url, src, [b"a", b"b", b"c"])
+    dead = f"amqp://guest:guest@127.0.0.1:{_free_port()}/%2F"
+    drain = Drain(node.url, dst)
+    df = spark.readStream.format("haremq").option("uri", f"{dead},{node.url}").option("queue", src).load()
+    q = (df.select("body").writeStream.format("haremq").option("uri", f"{dead}, {node.url}")
+         .option("routingKey", dst).option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        assert drain.until(lambda: set(drain.bodies) == {b"a", b"b", b"c"}, 60), q.exception()
+    finally:
+        q.stop()
+        drain.close()
+
+
+def test_sink_missing_exchange_fails_the_query(spark, node, inq, tmp_path):
+    text = _query_error(spark, tmp_path, {"uri": node.url, "queue": inq},
+                        {"uri": node.url, "exchange": "no.such.exchange"})
+    assert "exchange 'no.such.exchange' not found" in text
+
+
+def test_sink_unroutable_message_fails_the_batch_and_nothing_is_acked(spark, node, tmp_path):
+    src = _name("ret.in")
+    _declare(node.url, src)
+    _fill(node.url, src, [b"x"])
+    text = _query_error(spark, tmp_path, {"uri": node.url, "queue": src},
+                        {"uri": node.url, "exchange": "", "routingKey": "no.such.queue"})
+    assert "312 NO_ROUTE" in text and "'no.such.queue'" in text
+    ready, consumers = _wait_consumers_gone(node.url, src)
+    assert ready == 1, "the source acked a message the sink never delivered"
