@@ -184,8 +184,7 @@ def test_publish_template_frames(size):
     wire = head + (b"\x00" * 12 if size >= 12 else b"") + tail
     frames, off = [], 0
     while off < len(wire):
-        ftype, _ch, n = int(wire[off]), int.from_bytes(wire[off + 1:off + 3], "big"), \
-            int.from_bytes(wire[off + 3:off + 7], "big")
+        ftype, n = wire[off], int.from_bytes(wire[off + 3:off + 7], "big")   # type, (channel), size
         assert wire[off + 7 + n] == 0xCE
         frames.append((ftype, n))
         off += 8 + n
