@@ -1,9 +1,20 @@
-"""`haremq` command line: `haremq node` runs one broker node in the foreground."""
+"""`haremq` command line.
+
+    haremq node ...        run one broker node in the foreground
+    haremq cluster up ...  run a local cluster of nodes in the foreground
+    haremq ctl ...         control a running node or cluster (node/ctl.py)
+    haremq health ...      exit 0 when a node accepts connections (probes)
+    haremq perf ...        PerfTest-style load tool (bench/perf.py)
+
+Every `haremq node` flag can also be given as an environment variable
+HAREMQ_<FLAG> (for example HAREMQ_CLUSTER_PORT), which containers use.
+"""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import gc
+import os
 import signal
 import sys
 from pathlib import Path
@@ -19,14 +30,42 @@ def _port(value: str) -> int:
     return port
 
 
+def _env(flag: str, default=None):
+    return os.environ.get("HAREMQ_" + flag.upper().replace("-", "_"), default)
+
+
+def _peer(value: str) -> tuple[str, str]:
+    name, sep, address = value.partition("=")
+    if not sep or not name or ":" not in address:
+        raise argparse.ArgumentTypeError(f"peer '{value}' is not NAME=HOST:PORT")
+    return name, address
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="haremq", description="HareMQ message broker")
     sub = parser.add_subparsers(dest="command", required=True)
     node = sub.add_parser("node", help="run one broker node in the foreground")
-    node.add_argument("--name", default="hare", help="node name (default: hare)")
-    node.add_argument("--data-dir", type=Path, default=Path("./haremq-data"), help="where the node keeps its data")
-    node.add_argument("--amqp-port", type=_port, default=5672, help="AMQP listener port (default: 5672)")
-    node.add_argument("--bind", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    node.add_argument("--name", default=_env("name", "hare"), help="node name (default: hare)")
+    node.add_argument("--data-dir", type=Path, default=Path(_env("data-dir", "./haremq-data")),
+                      help="where the node keeps its data")
+    node.add_argument("--amqp-port", type=_port, default=int(_env("amqp-port", 5672)),
+                      help="AMQP listener port (default: 5672)")
+    node.add_argument("--bind", default=_env("bind", "127.0.0.1"), help="address to listen on (default: 127.0.0.1)")
+    node.add_argument("--cluster-port", type=_port, default=_env("cluster-port"),
+                      help="gRPC port for the other members and `haremq ctl`; makes the node clustered")
+    node.add_argument("--peer", type=_peer, action="append", default=[],
+                      help="another member, NAME=HOST:CLUSTER_PORT (repeat; or HAREMQ_PEERS=a=h:p,b=h:p)")
+    node.add_argument("--peers-dns", default=_env("peers-dns"),
+                      help="headless service DNS name: members are NAME-0..NAME-(N-1).SERVICE (Kubernetes)")
+    node.add_argument("--replicas", type=int, default=int(_env("replicas", 3)),
+                      help="number of members with --peers-dns (default: 3)")
+    node.add_argument("--cluster-secret-file", type=Path, default=_env("cluster-secret-file"),
+                      help="file holding the cluster secret (default: ~/.haremq/cluster-secret)")
+    node.add_argument("--failure-timeout", type=float, default=float(_env("failure-timeout", 3.0)),
+                      help="seconds without an answer before a member counts as down (default: 3)")
+    node.add_argument("--default-user", default=_env("default-user"),
+                      help="create this user (all permissions on /) at first start")
+    node.add_argument("--default-pass", default=_env("default-pass"), help="its password")
     node.add_argument("--skip-corrupt", action="store_true",
                       help="start even if a segment has a corrupt record mid-log (drops the rest of it)")
     node.add_argument("--segment-size", type=int, default=64 << 20,
@@ -34,7 +73,23 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     node.add_argument("--log-json", action="store_true", help="log JSON lines instead of key=value")
     sub.add_parser("perf", help="PerfTest-style load tool (haremq perf --help)", add_help=False)
+    sub.add_parser("ctl", help="control a running node (haremq ctl --help)", add_help=False)
+    sub.add_parser("cluster", help="run a local cluster (haremq cluster up --help)", add_help=False)
+    sub.add_parser("health", help="exit 0 when a node accepts connections", add_help=False)
     return parser
+
+
+def _peers(args) -> dict[str, str]:
+    peers = dict(args.peer)
+    for item in filter(None, (_env("peers") or "").split(",")):
+        name, address = _peer(item.strip())
+        peers.setdefault(name, address)
+    if args.peers_dns:
+        prefix = args.name.rsplit("-", 1)[0]
+        for i in range(args.replicas):
+            peers.setdefault(f"{prefix}-{i}", f"{prefix}-{i}.{args.peers_dns}:{args.cluster_port}")
+    peers.pop(args.name, None)
+    return peers
 
 
 async def _run_node(config: NodeConfig) -> None:
@@ -64,11 +119,32 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["perf"]:
         from bench.perf import main as perf_main
         return perf_main(argv[1:])
+    if argv[:1] == ["ctl"]:
+        from .ctl import main as ctl_main
+        return ctl_main(argv[1:])
+    if argv[:1] == ["cluster"]:
+        from .local_cluster import main as cluster_main
+        return cluster_main(argv[1:])
+    if argv[:1] == ["health"]:
+        from .health import main as health_main
+        return health_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "node":
         logs.configure(args.log_level, args.log_json)
+        cluster_secret = ""
+        if args.cluster_port is not None:
+            from cluster import secret
+            try:
+                cluster_secret = secret.resolve(args.cluster_secret_file)
+            except (OSError, ValueError) as exc:
+                print(f"haremq: cannot read the cluster secret: {exc}", file=sys.stderr)
+                return 1
         config = NodeConfig(name=args.name, data_dir=args.data_dir, amqp_port=args.amqp_port, bind=args.bind,
-                            skip_corrupt=args.skip_corrupt, segment_size=args.segment_size)
+                            skip_corrupt=args.skip_corrupt, segment_size=args.segment_size,
+                            cluster_port=int(args.cluster_port) if args.cluster_port is not None else None,
+                            peers=_peers(args), cluster_secret=cluster_secret,
+                            failure_timeout=args.failure_timeout,
+                            default_user=args.default_user, default_pass=args.default_pass)
         _event_loop_policy()
         try:
             asyncio.run(_run_node(config))

@@ -172,11 +172,23 @@ class AMQPServer:
         self.protocols: set[AMQPProtocol] = set()
         self._server: asyncio.base_events.Server | None = None
 
-    async def start(self) -> None:
+    async def start(self, serving: bool = True) -> None:
+        """Bind the listener (so a port in use fails at start); accept clients if `serving`."""
         self._server = await self.loop.create_server(lambda: AMQPProtocol(self), self.host, self.port,
-                                                     reuse_address=True, backlog=1024)
+                                                     reuse_address=True, backlog=1024, start_serving=serving)
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
+
+    async def pause(self, reason: str) -> None:
+        """Stop serving: close the listener and every client connection (320 CONNECTION_FORCED)."""
+        await self.stop(reason)
+        self._server = None
+
+    async def resume(self) -> None:
+        if self._server is None:
+            await self.start()
+        elif not self._server.is_serving():
+            await self._server.start_serving()
 
     async def stop(self, reason: str = "shutdown") -> None:
         if self._server is not None:

@@ -1,0 +1,171 @@
+"""`haremq ctl` commands, served by every node over the cluster's gRPC port.
+
+Each command takes a JSON object of arguments and answers JSON. Listings that
+span the cluster (queues, connections) ask every member that is up for its
+own part and merge the answers; changes to users, vhosts, permissions and
+policies are applied on every member that is up.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import grpc
+
+from .rpc import cluster_pb2 as pb
+
+
+class ControlError(Exception):
+    """A command failed for a reason the operator should read."""
+
+
+class Control:
+    def __init__(self, node):
+        self.node = node   # cluster.node.ClusterNode
+
+    @property
+    def broker(self):
+        return self.node.broker
+
+    async def handle(self, command: str, args: dict):
+        handler = COMMANDS.get(command)
+        if handler is None:
+            raise ControlError(f"unknown command '{command}'")
+        return await handler(self, args)
+
+    # ---- fan-out ----------------------------------------------------------------------
+    async def _on_members(self, command: str, args: dict) -> list:
+        """Run `command` with local=True here and on every member that is up; merge the lists."""
+        local = dict(args, local=True)
+        results = [await self.handle(command, local)]
+        membership = self.node.membership
+        up = set(membership.up_members())
+        calls = []
+        for peer in membership.peers.values():
+            if peer.name in up:
+                calls.append(peer.stub.Control(
+                    pb.ControlRequest(command=command, arguments=json.dumps(local).encode()),
+                    timeout=5.0, metadata=membership.metadata()))
+        for reply in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(reply, BaseException):
+                continue
+            if reply.ok:
+                results.append(json.loads(reply.result))
+        merged = []
+        for part in results:
+            merged.extend(part)
+        return merged
+
+    async def _everywhere(self, command: str, args: dict, apply):
+        """Apply a change here and on every member that is up (each applies it locally)."""
+        if args.get("local"):
+            return apply()
+        result = apply()
+        membership = self.node.membership
+        up = set(membership.up_members())
+        local = dict(args, local=True)
+        await asyncio.gather(*(
+            peer.stub.Control(pb.ControlRequest(command=command, arguments=json.dumps(local).encode()),
+                              timeout=5.0, metadata=membership.metadata())
+            for peer in membership.peers.values() if peer.name in up), return_exceptions=True)
+        return result
+
+    # ---- commands -----------------------------------------------------------------------
+    async def cluster_status(self, args: dict) -> dict:
+        membership = self.node.membership
+        return {
+            "node": self.node.name,
+            "members": membership.status(),
+            "running": membership.up_members(),
+            "majority": bool(membership.has_majority),
+            "paused": membership.paused,
+            "leader": self.node.leader_name(),
+            "alarms": sorted(self.broker.alarms),
+        }
+
+    async def list_queues(self, args: dict) -> list:
+        if not args.get("local"):
+            return sorted(await self._on_members("list_queues", args), key=lambda r: (r["vhost"], r["name"]))
+        rows = []
+        for vname, vhost in self.broker.vhosts.items():
+            for queue in vhost.queues.values():
+                rows.append({"name": queue.name, "vhost": vname, "messages": queue.message_count,
+                             "messages_unacknowledged": queue.unacked, "consumers": queue.consumer_count,
+                             "durable": queue.durable, "auto_delete": queue.auto_delete,
+                             "exclusive": queue.exclusive_owner is not None, "node": self.node.name,
+                             "arguments": _jsonable(queue.arguments)})
+        return rows
+
+    async def list_exchanges(self, args: dict) -> list:
+        rows = []
+        for vname, vhost in self.broker.vhosts.items():
+            for exchange in vhost.exchanges.values():
+                rows.append({"name": exchange.name, "vhost": vname, "type": exchange.type.value,
+                             "durable": exchange.durable, "auto_delete": exchange.auto_delete,
+                             "internal": exchange.internal, "arguments": _jsonable(exchange.arguments)})
+        return rows
+
+    async def list_bindings(self, args: dict) -> list:
+        from node.broker.exchange import Exchange
+        rows = []
+        for vname, vhost in self.broker.vhosts.items():
+            for queue in vhost.queues.values():
+                rows.append({"source": "", "vhost": vname, "destination": queue.name,
+                             "destination_type": "queue", "routing_key": queue.name, "arguments": {}})
+            for exchange in vhost.exchanges.values():
+                for destination, key, arguments in exchange.bindings():
+                    rows.append({"source": exchange.name, "vhost": vname, "destination": destination.name,
+                                 "destination_type": "exchange" if isinstance(destination, Exchange) else "queue",
+                                 "routing_key": key, "arguments": _jsonable(arguments)})
+        return rows
+
+    async def list_connections(self, args: dict) -> list:
+        if not args.get("local"):
+            return await self._on_members("list_connections", args)
+        rows = []
+        for session in list(self.broker.sessions):
+            if session.vhost is None:
+                continue
+            rows.append({"node": self.node.name, "peer": f"{session.peer[0]}:{session.peer[1]}",
+                         "user": session.user, "vhost": session.vhost.name, "channels": len(session.channels),
+                         "blocked": session.blocked})
+        return rows
+
+    async def forget_node(self, args: dict) -> dict:
+        name = args["node"]
+        if name == self.node.name:
+            raise ControlError("a node cannot forget itself")
+        return await self._everywhere("forget_node", args, lambda: {"forgotten": self.node.membership.forget(name)})
+
+    async def broker_call(self, args: dict):
+        """users, vhosts, permissions, policies: a Broker method applied on every member."""
+        method = getattr(self.broker, args["method"], None)
+        if method is None:
+            raise ControlError(f"this node does not support '{args['method']}'")
+        if args.get("read"):
+            return _jsonable(method(*args.get("args", [])))
+        return await self._everywhere("broker_call", args, lambda: _jsonable(method(*args.get("args", []))))
+
+
+COMMANDS = {
+    "cluster_status": Control.cluster_status,
+    "list_queues": Control.list_queues,
+    "list_exchanges": Control.list_exchanges,
+    "list_bindings": Control.list_bindings,
+    "list_connections": Control.list_connections,
+    "forget_node": Control.forget_node,
+    "broker_call": Control.broker_call,
+}
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

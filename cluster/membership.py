@@ -1,0 +1,140 @@
+"""Membership and failure detection: every node pings every other node.
+
+A member not heard from for longer than the failure timeout is down. A node
+that cannot see a majority of the members (itself included) pauses: it stops
+serving AMQP until it sees a majority again (pause-minority, MIR-5), so the
+two sides of a partition never both accept work.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import grpc
+import structlog
+
+from .rpc import cluster_pb2 as pb
+from .rpc import cluster_pb2_grpc as pbg
+from .secret import call_metadata
+
+PING_INTERVAL = 0.25
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 256 << 20),
+]
+
+
+@dataclass
+class Peer:
+    name: str
+    address: str
+    channel: grpc.aio.Channel | None = None
+    stub: pbg.ClusterStub | None = None
+    last_seen: float = 0.0
+    paused: bool = False
+    leader: str = ""
+
+    def is_up(self, now: float, timeout: float) -> bool:
+        return self.last_seen > 0 and now - self.last_seen < timeout
+
+
+class Membership:
+    def __init__(self, name: str, peers: dict[str, str], secret: str, failure_timeout: float,
+                 on_majority: Callable[[bool], None]):
+        self.name = name
+        self.peers = {n: Peer(n, a) for n, a in peers.items() if n != name}
+        self.secret = secret
+        self.failure_timeout = failure_timeout
+        self.on_majority = on_majority
+        self.has_majority: bool | None = None
+        self.paused = False
+        self.log = structlog.get_logger("haremq.cluster").bind(node=name)
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def size(self) -> int:
+        return len(self.peers) + 1
+
+    def metadata(self):
+        return call_metadata(self.secret)
+
+    async def start(self) -> None:
+        for peer in self.peers.values():
+            peer.channel = grpc.aio.insecure_channel(peer.address, options=CHANNEL_OPTIONS)
+            peer.stub = pbg.ClusterStub(peer.channel)
+            self._tasks.append(asyncio.create_task(self._ping_loop(peer)))
+        self._tasks.append(asyncio.create_task(self._watch()))
+        self._evaluate()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for peer in self.peers.values():
+            if peer.channel is not None:
+                await peer.channel.close()
+
+    def forget(self, name: str) -> bool:
+        peer = self.peers.pop(name, None)
+        if peer is None:
+            return False
+        if peer.channel is not None:
+            asyncio.ensure_future(peer.channel.close())
+        self._evaluate()
+        return True
+
+    async def _ping_loop(self, peer: Peer) -> None:
+        was_up = False
+        while True:
+            try:
+                reply = await peer.stub.Ping(pb.PingRequest(node=self.name), timeout=1.0,
+                                             metadata=self.metadata())
+                peer.last_seen = time.monotonic()
+                peer.paused = reply.paused
+                peer.leader = reply.leader
+                if not was_up:
+                    self.log.info("member up", member=peer.name)
+                    was_up = True
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED and was_up is not None:
+                    self.log.error("member refuses our cluster secret", member=peer.name)
+                    was_up = None
+            except asyncio.CancelledError:
+                raise
+            await asyncio.sleep(PING_INTERVAL)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            self._evaluate()
+
+    def up_members(self) -> list[str]:
+        now = time.monotonic()
+        return [self.name] + [p.name for p in self.peers.values() if p.is_up(now, self.failure_timeout)]
+
+    def _evaluate(self) -> None:
+        up = self.up_members()
+        majority = len(up) * 2 > self.size
+        if majority != self.has_majority:
+            first = self.has_majority is None
+            self.has_majority = majority
+            if not first or not majority:
+                self.log.warning("majority " + ("regained" if majority else "lost"), up=up, members=self.size)
+            self.on_majority(majority)
+
+    def status(self) -> list[dict]:
+        now = time.monotonic()
+        rows = [{"name": self.name, "address": "self", "up": True, "paused": self.paused, "self": True}]
+        for peer in self.peers.values():
+            rows.append({"name": peer.name, "address": peer.address,
+                         "up": peer.is_up(now, self.failure_timeout),
+                         "paused": peer.paused if peer.is_up(now, self.failure_timeout) else None,
+                         "last_seen_s": round(now - peer.last_seen, 2) if peer.last_seen else None,
+                         "self": False})
+        return rows

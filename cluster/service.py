@@ -1,0 +1,29 @@
+"""The gRPC servicer of a node: thin handlers that hand each call to its component."""
+from __future__ import annotations
+
+import json
+
+import grpc
+
+from .control import ControlError
+from .rpc import cluster_pb2 as pb
+from .rpc import cluster_pb2_grpc as pbg
+
+
+class ClusterService(pbg.ClusterServicer):
+    def __init__(self, node):
+        self.node = node   # cluster.node.ClusterNode
+
+    async def Ping(self, request, context):
+        return pb.PingReply(node=self.node.name, leader=self.node.leader_name() or "",
+                            paused=self.node.membership.paused)
+
+    async def Control(self, request, context):
+        try:
+            args = json.loads(request.arguments) if request.arguments else {}
+            result = await self.node.control.handle(request.command, args)
+        except ControlError as exc:
+            return pb.ControlReply(ok=False, error=str(exc))
+        except (KeyError, TypeError, ValueError) as exc:
+            return pb.ControlReply(ok=False, error=f"bad arguments for {request.command}: {exc}")
+        return pb.ControlReply(ok=True, result=json.dumps(result).encode())

@@ -1,0 +1,63 @@
+"""`haremq cluster up`: a local cluster of N nodes, in the foreground, for trying HareMQ out.
+
+Node i (from 1) is named hareI, listens for AMQP on AMQP_PORT+i-1 and for its
+peers on CLUSTER_PORT+i-1, and keeps its data in DATA_DIR/hareI. Ctrl-C stops
+them all.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="haremq cluster")
+    sub = parser.add_subparsers(dest="action", required=True)
+    up = sub.add_parser("up", help="start a local cluster and stay in the foreground")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--amqp-port", type=int, default=5672)
+    up.add_argument("--cluster-port", type=int, default=25672)
+    up.add_argument("--data-dir", type=Path, default=Path("./haremq-data"))
+    up.add_argument("--bind", default="127.0.0.1")
+    args = parser.parse_args(argv)
+    names = [f"hare{i}" for i in range(1, args.nodes + 1)]
+    ports = {n: (args.amqp_port + i, args.cluster_port + i) for i, n in enumerate(names)}
+    procs = []
+    for name in names:
+        amqp, cport = ports[name]
+        cmd = [sys.executable, "-m", "node.cli", "node", "--name", name, "--data-dir", str(args.data_dir / name),
+               "--amqp-port", str(amqp), "--cluster-port", str(cport), "--bind", args.bind]
+        for other in names:
+            if other != name:
+                cmd += ["--peer", f"{other}={args.bind}:{ports[other][1]}"]
+        procs.append(subprocess.Popen(cmd, start_new_session=True))
+        print(f"{name}: amqp://guest:guest@{args.bind}:{amqp}/  cluster port {cport}  pid {procs[-1].pid}",
+              flush=True)
+    print(f"watch it: haremq ctl --node {args.bind}:{args.cluster_port} watch   (Ctrl-C stops the cluster)",
+          flush=True)
+    stopping = []
+
+    def stop(*_):
+        stopping.append(True)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while not stopping:
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+    return 0
