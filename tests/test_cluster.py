@@ -1,0 +1,246 @@
+"""Cluster foundation: three real nodes, membership over gRPC with the cluster secret,
+failure detection, pause-minority under a partition, `haremq ctl` (MIR-5, ERR-3)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pika
+import pytest
+
+from tests.conftest import IS_REF, Node, free_port, port_open, wait_until
+
+pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
+
+SECRET = "test-cluster-secret"
+
+
+class ClusterMember(Node):
+    def __init__(self, name, workdir, cluster_port, peers, secret_file):
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        super().__init__(name, workdir)
+        self.cluster_port = cluster_port
+        self.peers = peers            # name -> host:port
+        self.secret_file = secret_file
+
+    def argv(self):
+        argv = super().argv() + ["--cluster-port", str(self.cluster_port),
+                                 "--cluster-secret-file", str(self.secret_file), "--failure-timeout", "1.5"]
+        for name, address in self.peers.items():
+            argv += ["--peer", f"{name}={address}"]
+        return argv
+
+
+class Proxy:
+    """A TCP proxy on loopback the test can cut and heal (a network partition without root)."""
+
+    def __init__(self, target_port: int):
+        self.target = ("127.0.0.1", target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.cut_off = threading.Event()
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.cut_off.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=2)
+            except OSError:
+                client.close()
+                continue
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src, dst):
+        try:
+            while not self.cut_off.is_set():
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def cut(self):
+        self.cut_off.set()
+        for s in self.conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+        self.conns = []
+
+    def heal(self):
+        self.cut_off.clear()
+
+    def close(self):
+        self.cut()
+        self.listener.close()
+
+
+def ctl(member, *args, timeout=20):
+    return subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{member.cluster_port}",
+                           "--cluster-secret-file", str(member.secret_file), *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          cwd=str(Path(__file__).resolve().parent.parent))
+
+
+def ctl_json(member, *args):
+    r = ctl(member, *args, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Three members; hare1 reaches the others (and they reach it) through proxies."""
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET)
+    ports = {n: free_port() for n in ("hare1", "hare2", "hare3")}
+    proxies = {n: Proxy(ports[n]) for n in ("hare2", "hare3")}        # hare1 -> hare2/3
+    proxy_to_1 = {n: Proxy(ports["hare1"]) for n in ("hare2", "hare3")}  # hare2/3 -> hare1
+    peers = {
+        "hare1": {"hare2": f"127.0.0.1:{proxies['hare2'].port}", "hare3": f"127.0.0.1:{proxies['hare3'].port}"},
+        "hare2": {"hare1": f"127.0.0.1:{proxy_to_1['hare2'].port}", "hare3": f"127.0.0.1:{ports['hare3']}"},
+        "hare3": {"hare1": f"127.0.0.1:{proxy_to_1['hare3'].port}", "hare2": f"127.0.0.1:{ports['hare2']}"},
+    }
+    members = [ClusterMember(n, tmp_path / n, ports[n], peers[n], secret_file) for n in ("hare1", "hare2", "hare3")]
+    for m in members:
+        m.data_dir.mkdir(parents=True, exist_ok=True)
+        m._log_fh = open(m.log_path, "ab")
+        m.proc = subprocess.Popen(m.argv(), stdout=m._log_fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                  cwd=str(Path(__file__).resolve().parent.parent))
+    for m in members:
+        wait_until(lambda m=m: port_open(m.port, 0.2), timeout=30, message=f"{m.name} never served AMQP")
+    partition = {"cut": lambda: [p.cut() for p in (*proxies.values(), *proxy_to_1.values())],
+                 "heal": lambda: [p.heal() for p in (*proxies.values(), *proxy_to_1.values())]}
+    yield members, partition
+    for m in members:
+        m.kill9()
+    for p in (*proxies.values(), *proxy_to_1.values()):
+        p.close()
+
+
+def test_cluster_status_lists_three_members_all_up(cluster):
+    members, _ = cluster
+    status = wait_until(lambda: (lambda s: s if all(m["up"] for m in s["members"]) else None)(
+        ctl_json(members[1], "cluster-status")), timeout=10)
+    assert sorted(m["name"] for m in status["members"]) == ["hare1", "hare2", "hare3"]
+    assert status["majority"] is True and status["paused"] is False
+    human = ctl(members[0], "cluster-status")
+    assert human.returncode == 0 and "hare3" in human.stdout
+
+
+def test_list_queues_spans_the_cluster(cluster):
+    members, _ = cluster
+    for i, m in enumerate(members):
+        c = pika.BlockingConnection(pika.URLParameters(m.url))
+        c.channel().queue_declare(f"q.on.{m.name}", durable=True)
+        c.close()
+    rows = ctl_json(members[0], "list-queues")
+    homes = {r["name"]: r["node"] for r in rows}
+    assert homes == {"q.on.hare1": "hare1", "q.on.hare2": "hare2", "q.on.hare3": "hare3"}
+
+
+def test_calls_without_the_secret_are_refused(cluster):
+    from cluster.rpc import cluster_pb2 as pb
+    from cluster.rpc import cluster_pb2_grpc as pbg
+    members, _ = cluster
+    with grpc.insecure_channel(f"127.0.0.1:{members[0].cluster_port}") as channel:
+        stub = pbg.ClusterStub(channel)
+        for metadata in ((), (("x-haremq-secret", "wrong"),)):
+            with pytest.raises(grpc.RpcError) as ei:
+                stub.Control(pb.ControlRequest(command="cluster_status"), timeout=5, metadata=metadata)
+            assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        reply = stub.Control(pb.ControlRequest(command="cluster_status"), timeout=5,
+                             metadata=(("x-haremq-secret", SECRET),))
+        assert reply.ok
+    bad = tempfile_secret(members[0].secret_file.parent)
+    r = subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{members[0].cluster_port}",
+                        "--cluster-secret-file", str(bad), "cluster-status"], capture_output=True, text=True,
+                       timeout=20)
+    assert r.returncode == 1 and "refused the cluster secret" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def tempfile_secret(directory: Path) -> Path:
+    path = directory / "wrong-secret"
+    path.write_text("not-the-secret")
+    return path
+
+
+def test_killed_member_is_reported_down_and_survivors_serve(cluster):
+    members, _ = cluster
+    members[2].kill9()
+    wait_until(lambda: not next(m for m in ctl_json(members[0], "cluster-status")["members"]
+                                if m["name"] == "hare3")["up"], timeout=10, message="hare3 never reported down")
+    for m in members[:2]:
+        c = pika.BlockingConnection(pika.URLParameters(m.url))
+        ch = c.channel()
+        ch.queue_declare("still.here")
+        ch.basic_publish("", "still.here", b"x")
+        c.close()
+
+
+def test_minority_side_pauses_and_resumes_after_healing(cluster):
+    members, partition = cluster
+    hare1 = members[0]
+    c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", hare1.port))
+    closed = []
+    partition["cut"]()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not closed:
+            try:
+                c.process_data_events(time_limit=0.2)
+            except pika.exceptions.ConnectionClosedByBroker as exc:
+                closed.append(exc.reply_code)
+        assert closed == [320], "the cut-off node did not close its AMQP connections with 320"
+        wait_until(lambda: not port_open(hare1.port, 0.2), timeout=5, message="minority node still accepts AMQP")
+        # the majority side keeps serving
+        c2 = pika.BlockingConnection(pika.URLParameters(members[1].url))
+        c2.channel().queue_declare("majority.side")
+        c2.close()
+    finally:
+        partition["heal"]()
+    wait_until(lambda: port_open(hare1.port, 0.2), timeout=15, message="hare1 did not resume after healing")
+    pika.BlockingConnection(pika.URLParameters(hare1.url)).close()
+
+
+def test_generated_grpc_modules_match_the_proto():
+    pytest.importorskip("grpc_tools")
+    r = subprocess.run([sys.executable, "-m", "cluster.rpc.generate", "--check"], capture_output=True, text=True,
+                       cwd=str(Path(__file__).resolve().parent.parent), timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ctl_against_nothing_gives_one_line_error():
+    port = free_port()
+    r = subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{port}", "--timeout", "2",
+                        "cluster-status"], capture_output=True, text=True, timeout=30,
+                       cwd=str(Path(__file__).resolve().parent.parent), env=dict(os.environ,
+                                                                                   HAREMQ_CLUSTER_SECRET="x"))
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1 and "cannot reach" in r.stderr
