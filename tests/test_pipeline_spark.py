@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -375,6 +374,26 @@ def test_sink_missing_exchange_fails_the_query(spark, node, inq, tmp_path):
     assert "exchange 'no.such.exchange' not found" in text
 
 
+def test_sink_wrong_credentials_fail_the_query(spark, node, inq, tmp_path):
+    bad = node.url.replace("guest:guest@", "guest:wrong@")
+    text = _query_error(spark, tmp_path, {"uri": node.url, "queue": inq}, {"uri": bad, "exchange": ""})
+    assert "haremq sink" in text and "login refused for user 'guest'" in text
+
+
+def test_sink_nack_fails_the_batch(spark, node, tmp_path):
+    src, full = _name("nack.in"), _name("nack.full")
+    _declare(node.url, src)
+    conn, ch = _channel(node.url)
+    ch.queue_declare(full, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    conn.close()
+    _fill(node.url, src, [b"1", b"2", b"3"])
+    text = _query_error(spark, tmp_path, {"uri": node.url, "queue": src},
+                        {"uri": node.url, "exchange": "", "routingKey": full})
+    assert "nacked message" in text
+    ready, _ = _wait_consumers_gone(node.url, src)
+    assert ready == 3, "the source acked messages the sink could not deliver"
+
+
 def test_sink_unroutable_message_fails_the_batch_and_nothing_is_acked(spark, node, tmp_path):
     src = _name("ret.in")
     _declare(node.url, src)
@@ -384,3 +403,107 @@ def test_sink_unroutable_message_fails_the_batch_and_nothing_is_acked(spark, nod
     assert "312 NO_ROUTE" in text and "'no.such.queue'" in text
     ready, consumers = _wait_consumers_gone(node.url, src)
     assert ready == 1, "the source acked a message the sink never delivered"
+
+
+# --------------------------------------------------------------------------- (d) node killed
+
+def test_source_node_sigkilled_mid_stream_loses_nothing(spark, node, tmp_path):
+    """The source's node dies (SIGKILL) and comes back from its data dir: the consumer
+    reconnects as a new session, the batch in flight is redelivered, nothing is lost."""
+    if REF_PORT:
+        pytest.skip("controls a node process")
+    n = 20_000
+    victim = HareNode(tmp_path / "victim")
+    victim.workdir.mkdir()
+    victim.start()
+    src, dst = _name("nk.in"), _name("nk.out")
+    _declare(victim.url, src)
+    _declare(node.url, dst)
+    expected = {f"n-{i:06d}".encode() for i in range(n)}
+    assert _fill(victim.url, src, sorted(expected)) == n
+    drain = Drain(node.url, dst)
+    df = (spark.readStream.format("haremq").option("uri", victim.url).option("queue", src)
+          .option("maxRowsPerBatch", "1000").option("reconnectTimeout", "60").load())
+    q = (df.select("body").writeStream.format("haremq").option("uri", node.url)
+         .option("routingKey", dst).option("checkpointLocation", str(tmp_path / "ck")).start())
+
+    def failed():
+        if q.exception() is not None:
+            raise AssertionError(f"query failed: {q.exception()}")
+    try:
+        assert drain.until(lambda: drain.total >= 5000, 120, on_idle=failed), "nothing flowed"
+        os.killpg(victim.proc.pid, signal.SIGKILL)
+        victim.proc.wait()
+        at_kill = len(set(drain.bodies))
+        time.sleep(1)
+        victim.start()
+        done = drain.until(lambda: expected <= set(drain.bodies), 180, on_idle=failed)
+        time.sleep(3)
+    finally:
+        q.stop()
+    ready, consumers = _wait_consumers_gone(victim.url, src)
+    drain.pump(1)
+    drain.close()
+    victim.stop()
+    missing = len(expected - set(drain.bodies))
+    print(f"\nnode SIGKILL after {at_kill} distinct; after restart {len(expected) - missing}/{n} distinct, "
+          f"{drain.total - len(set(drain.bodies))} duplicates, {ready} left in the input")
+    assert done and missing == 0, f"{missing} messages lost"
+    assert ready == 0, f"{ready} messages came back to the input after the query stopped"
+
+
+# --------------------------------------------------------------------------- rows and routing
+
+def test_rows_carry_the_message_and_routing_key_column_overrides(spark, node, tmp_path):
+    src, a, b = _name("rows.in"), _name("rows.a"), _name("rows.b")
+    _declare(node.url, src, a, b)
+    conn, ch = _channel(node.url)
+    ch.exchange_declare("rows.x." + src, "direct")
+    ch.queue_bind(src, "rows.x." + src, "k1")
+    ch.confirm_delivery()
+    ch.basic_publish("rows.x." + src, "k1", b"first", pika.BasicProperties(
+        content_type="text/plain", correlation_id="c-1", message_id="m-1", timestamp=1700000000,
+        priority=3, delivery_mode=2, headers={"n": 7, "s": "v", "b": b"raw"}))
+    ch.basic_publish("rows.x." + src, "k1", b"second")
+    conn.close()
+    name = "rows_" + uuid.uuid4().hex[:8]
+    q = (spark.readStream.format("haremq").option("uri", node.url).option("queue", src).load()
+         .writeStream.format("memory").queryName(name)
+         .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        deadline = time.monotonic() + 60
+        while spark.table(name).count() < 2 and time.monotonic() < deadline:
+            assert q.exception() is None, q.exception()
+            time.sleep(0.2)
+        rows = {r.body: r for r in spark.table(name).collect()}
+    finally:
+        q.stop()
+    first, second = rows[b"first"], rows[b"second"]
+    assert (first.routing_key, first.exchange, first.redelivered) == ("k1", "rows.x." + src, False)
+    assert first.headers == {"n": "7", "s": "v", "b": "raw"}
+    p = first.properties
+    assert (p.content_type, p.correlation_id, p.message_id, p.priority, p.delivery_mode) == \
+        ("text/plain", "c-1", "m-1", 3, 2)
+    assert int(p.timestamp.timestamp()) == 1700000000
+    assert first.dedup_id == "m-1"
+    assert second.dedup_id.startswith("b2:") and second.headers == {}
+
+    # The batch writer, with a routingKey column overriding the routingKey option.
+    out = spark.createDataFrame([("to-a", a), ("to-b", b), ("default", None)], "body string, routingKey string")
+    out.write.format("haremq").option("uri", node.url).option("routingKey", a).mode("append").save()
+    assert _counts(node.url, a)[0] == 2 and _counts(node.url, b)[0] == 1
+
+
+def test_trigger_available_now_reads_the_backlog_acks_it_and_ends(spark, node, tmp_path):
+    src, dst = _name("an.in"), _name("an.out")
+    _declare(node.url, src, dst)
+    _fill(node.url, src, [f"a-{i}".encode() for i in range(25)])
+    q = (spark.readStream.format("haremq").option("uri", node.url).option("queue", src)
+         .option("maxRowsPerBatch", "10").load()
+         .select("body").writeStream.format("haremq").option("uri", node.url).option("routingKey", dst)
+         .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck")).start())
+    assert q.awaitTermination(120), "an availableNow query should end by itself"
+    assert q.exception() is None, q.exception()
+    assert [p["numInputRows"] for p in q.recentProgress] == [10, 10, 5, 0]  # the last one is the flush
+    ready, _ = _wait_consumers_gone(node.url, src)
+    assert ready == 0 and _counts(node.url, dst)[0] == 25

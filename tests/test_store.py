@@ -49,7 +49,8 @@ def store_node(tmp_path):
 
 
 def segments(node) -> list[Path]:
-    return sorted((node.data_dir / "msgs").glob("*.seg"))
+    """Segment files holding records (the writer also keeps a zeroed spare ahead)."""
+    return [p for p in sorted((node.data_dir / "msgs").glob("*.seg")) if any(p.read_bytes()[:9])]
 
 
 def drain(ch, queue):
@@ -256,12 +257,15 @@ def test_fill_and_drain_does_not_grow_disk(store_node):
     ch.basic_publish("", "st.cycle", b"pinned", properties=PERSISTENT)
     pinned, _, _ = ch.basic_get("st.cycle")                       # held unacked throughout
     body = b"z" * 1000
+    acker = c.channel()
+    acker.tx_select()     # acks in a transaction: tx.commit returns once they are durable (CONF-8)
     for _round in range(8):
         for _ in range(600):
             ch.basic_publish("", "st.cycle", body, properties=PERSISTENT)
         for _ in range(600):
-            m, _, _ = ch.basic_get("st.cycle")
-            ch.basic_ack(m.delivery_tag)
+            m, _, _ = acker.basic_get("st.cycle")
+            acker.basic_ack(m.delivery_tag)
+        acker.tx_commit()
     # Compaction runs every few seconds: wait for the pinned segment to be rewritten.
     wait_until(lambda: len(segments(node)) <= 4, timeout=30,
                message=f"segments never shrank: {len(segments(node))}")
@@ -279,7 +283,7 @@ def test_disk_full_nacks_blocks_publishers_and_keeps_consumers(tmp_path):
     mnt.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)]).returncode != 0:
         pytest.skip("cannot mount tmpfs here")
-    node = StoreNode("hare-full", tmp_path, ["--segment-size", str(1024 * 1024)])
+    node = StoreNode("hare-full", tmp_path, ["--segment-size", str(1024 * 1024), "--disk-free-limit", "0"])
     node.data_dir = mnt / "data"
     try:
         node.start()

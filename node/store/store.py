@@ -235,7 +235,8 @@ class MessageStore:
             writes = retry.writes + writes
             meta = meta if meta is not None else retry.meta
             remove = retry.remove + remove
-        batch = Batch(writes=writes, meta=meta, remove=remove, end=(self.segment, self.position))
+        batch = Batch(writes=writes, meta=meta, remove=remove, end=(self.segment, self.position),
+                      notify_written=bool(self._written_waiters))
         self._inflight_end = (self.segment, self.position)
         self._inflight = self._pending_waiters
         self._pending = []
@@ -372,6 +373,10 @@ class MessageStore:
             self.live_bytes[segment] -= length
             self.live[new_segment] += 1
             self.live_bytes[new_segment] += length
+            if new_segment != segment:
+                # The old copy stays until its segment goes: whatever acks the new copy must
+                # outlive it too, and acks refer to the new copy's segment.
+                self.refs[new_segment].add(segment)
         if moving:
             self.stats["compacted"] += len(moving)
             self.log.info("compacted segment", segment=oldest, moved=len(moving))
@@ -383,6 +388,8 @@ class MessageStore:
         if self.meta_path.exists():
             recovered.meta = self.meta_path.read_bytes()
         segments = sorted(int(p.stem) for p in self.directory.glob("*.seg") if p.stem.isdigit())
+        while segments and self._holds_no_record(segment_path(self.directory, segments[-1])):
+            segment_path(self.directory, segments.pop()).unlink()   # a spare made ahead of time
         if not segments:
             return recovered
         started = time.monotonic()
@@ -421,6 +428,9 @@ class MessageStore:
                     queue_id, msg_id, flags = rec.parse_enqueue_head(payload)
                     max_id = max(max_id, msg_id)
                     if not flags & rec.FLAG_TRANSIENT:
+                        earlier = where.get(msg_id)
+                        if earlier is not None and earlier[1] != segment:   # a copy made by compaction
+                            self.refs[segment].add(earlier[1])
                         where[msg_id] = (queue_id, segment, pos, end - pos, bool(flags & rec.FLAG_DELIVERED))
                 elif rtype == rec.DELIVER:
                     _queue_id, msg_id = rec.parse_ids(payload)
@@ -460,6 +470,12 @@ class MessageStore:
         self.log.info("store recovered", messages=len(where), queues=len(recovered.queues),
                       seconds=round(time.monotonic() - started, 2))
         return recovered
+
+    @staticmethod
+    def _holds_no_record(path: Path) -> bool:
+        with open(path, "rb") as fh:
+            head = fh.read(rec.HEADER_SIZE)
+        return not any(head)
 
     @staticmethod
     def _is_torn_tail(data: bytes, pos: int) -> bool:

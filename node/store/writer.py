@@ -24,6 +24,7 @@ class Batch:
     meta: bytes | None = None
     remove: list = field(default_factory=list)      # segments to delete
     end: tuple = (0, 0)                              # log position after the last write
+    notify_written: bool = False                     # someone waits for "in the OS", before the sync
     error: OSError | None = None
     fsyncs: int = 0
     seconds: float = 0.0
@@ -44,6 +45,8 @@ class SegmentWriter:
         self._loop = loop
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._fds: dict[int, int] = {}
+        self._newest = 0
+        self._spare: tuple[int, int, int] | None = None   # (segment, fd, bytes zeroed so far)
         self._thread = threading.Thread(target=self._run, name="haremq-store-writer", daemon=True)
 
     def start(self) -> None:
@@ -59,7 +62,11 @@ class SegmentWriter:
 
     def _run(self) -> None:
         while True:
-            batch = self._jobs.get()
+            try:
+                batch = self._jobs.get(timeout=None if self._spare_done() else 0.001)
+            except queue.Empty:
+                self._prepare_spare()
+                continue
             if batch is None:
                 break
             started = time.perf_counter()
@@ -75,6 +82,13 @@ class SegmentWriter:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self._spare is not None:
+            os.close(self._spare[1])
+            try:   # an unused spare is only zeros: leave no empty segment behind
+                os.unlink(segment_path(self.directory, self._spare[0]))
+            except OSError:
+                pass
+            self._spare = None
 
     def _apply(self, batch: Batch) -> None:
         touched = []
@@ -87,7 +101,7 @@ class SegmentWriter:
                 offset += n
             if segment not in touched:
                 touched.append(segment)
-        if touched and self._written is not None:
+        if touched and batch.notify_written and self._written is not None:
             # In the OS now: it survives a kill of this process even before the sync.
             self._loop.call_soon_threadsafe(self._written, batch.end)
         for segment in touched:
@@ -113,8 +127,47 @@ class SegmentWriter:
             except FileNotFoundError:
                 pass
 
+    # A sync after an append to a file whose blocks are already written (zeros) need not
+    # update any metadata: it is markedly faster than appending to, or writing into
+    # fallocated space of, a file. The idle writer zeroes the next segment ahead of time.
+    _ZERO_CHUNK = bytes(1 << 20)
+
+    def _spare_done(self) -> bool:
+        spare = self._spare
+        return self._newest == 0 or (spare is not None and spare[2] >= self.segment_size)
+
+    def _prepare_spare(self) -> None:
+        try:
+            if self._spare is None:
+                segment = self._newest + 1
+                path = segment_path(self.directory, segment)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                self._spare = (segment, fd, 0)
+            segment, fd, done = self._spare
+            n = min(len(self._ZERO_CHUNK), self.segment_size - done)
+            os.pwrite(fd, self._ZERO_CHUNK[:n], done)
+            done += n
+            if done >= self.segment_size:
+                os.fsync(fd)
+                self._sync_directory(self.directory)
+            self._spare = (segment, fd, done)
+        except OSError:
+            if self._spare is not None:
+                os.close(self._spare[1])
+            self._spare = None
+            self._newest = 0   # no spare then (disk full?): segments get fallocated when needed
+
     def _fd(self, segment: int) -> int:
+        self._newest = max(self._newest, segment)
         fd = self._fds.get(segment)
+        if fd is None and self._spare is not None and self._spare[0] == segment:
+            spare_segment, spare_fd, done = self._spare
+            self._spare = None
+            if done >= self.segment_size:
+                self._fds[segment] = fd = spare_fd
+            else:   # half-made: start that file afresh below
+                os.close(spare_fd)
+                os.unlink(segment_path(self.directory, spare_segment))
         if fd is None:
             path = segment_path(self.directory, segment)
             existed = path.exists()

@@ -1,0 +1,1 @@
+"""Runnable examples for the HareMQ Spark connector; see pipeline/README.md."""

@@ -1,0 +1,123 @@
+"""Rows/s through the source alone, the sink alone and both, in local mode.
+
+    python -m pipeline.examples.throughput --uri amqp://guest:guest@127.0.0.1:5672/%2F [--rows 100000]
+
+Source alone: `--rows` messages of `--size` bytes are put in a fresh queue, then a query reads
+them with format "haremq" into Spark's `noop` sink. Sink alone: Spark's `rate-micro-batch`
+source makes `--batch` rows per micro-batch (two partitions, so two publishing tasks) and
+format "haremq" publishes them into a fresh queue. Then both: queue -> Spark -> queue (one
+partition per batch, as the source makes it). Reported: steady-state rows/s (batches
+after the first, from Spark's progress reports) and wall-clock rows/s including the first
+batch. The queues are deleted afterwards.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import uuid
+
+import pika
+
+
+def _progress_rate(query) -> float:
+    batches = [p for p in query.recentProgress if p["numInputRows"]][1:]
+    rows = sum(p["numInputRows"] for p in batches)
+    ms = sum(p["durationMs"]["triggerExecution"] for p in batches)
+    return rows * 1000.0 / ms if ms else 0.0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--uri", required=True)
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--size", type=int, default=100, help="message body size in bytes")
+    ap.add_argument("--batch", type=int, default=10_000, help="rows per micro-batch")
+    ap.add_argument("--master", default="local[2]")
+    a = ap.parse_args(argv)
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from pipeline import register
+    from pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris
+
+    spark = (SparkSession.builder.master(a.master).appName("haremq-throughput")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    conn = pika.BlockingConnection(pika.URLParameters(a.uri.split(",")[0]))
+    ch = conn.channel()
+
+    # -- source alone
+    src = f"bench.src.{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(src, durable=True)
+    body = b"x" * a.size
+    props = pika.BasicProperties(delivery_mode=2)
+    t = time.monotonic()
+    ConfirmingPublisher(parse_uris(a.uri, "bench"), "").publish(Outgoing(src, body, props) for _ in range(a.rows))
+    print(f"filled {a.rows} x {a.size} B in {time.monotonic() - t:.1f}s")
+    q = (spark.readStream.format("haremq").option("uri", a.uri).option("queue", src)
+         .option("maxRowsPerBatch", str(a.batch)).load()
+         .writeStream.format("noop").option("checkpointLocation", tempfile.mkdtemp()).start())
+    t = time.monotonic()
+    while sum(p["numInputRows"] for p in q.recentProgress) < a.rows:
+        if q.exception():
+            raise SystemExit(str(q.exception()))
+        time.sleep(0.05)
+    wall = time.monotonic() - t
+    print(f"source alone: {_progress_rate(q):,.0f} rows/s steady, {a.rows / wall:,.0f} rows/s wall "
+          f"({a.rows} rows in {wall:.1f}s incl. query start)")
+    q.stop()
+
+    # -- sink alone
+    dst = f"bench.dst.{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(dst, durable=True)
+    rows = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", str(a.batch))
+            .option("numPartitions", "2").load()
+            .select(F.lpad(F.col("value").cast("string"), a.size, "x").alias("body")))
+    q = (rows.writeStream.format("haremq").option("uri", a.uri).option("routingKey", dst)
+         .option("checkpointLocation", tempfile.mkdtemp()).start())
+    t = time.monotonic()
+    while sum(p["numInputRows"] for p in q.recentProgress) < a.rows:
+        if q.exception():
+            raise SystemExit(str(q.exception()))
+        time.sleep(0.05)
+    wall = time.monotonic() - t
+    done = sum(p["numInputRows"] for p in q.recentProgress)
+    rate = _progress_rate(q)
+    q.stop()
+    n = ch.queue_declare(dst, passive=True).method.message_count
+    print(f"sink alone: {rate:,.0f} rows/s steady, {done / wall:,.0f} rows/s wall "
+          f"({done} rows in {wall:.1f}s incl. query start; {n} messages in {dst})")
+    # -- queue -> Spark -> queue
+    mid = f"bench.mid.{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(mid, durable=True)
+    ch.queue_purge(dst)
+    ConfirmingPublisher(parse_uris(a.uri, "bench"), "").publish(Outgoing(mid, body, props) for _ in range(a.rows))
+    q = (spark.readStream.format("haremq").option("uri", a.uri).option("queue", mid)
+         .option("maxRowsPerBatch", str(a.batch)).load().select("body")
+         .writeStream.format("haremq").option("uri", a.uri).option("routingKey", dst)
+         .option("checkpointLocation", tempfile.mkdtemp()).start())
+    t = time.monotonic()
+    while sum(p["numInputRows"] for p in q.recentProgress) < a.rows:
+        if q.exception():
+            raise SystemExit(str(q.exception()))
+        time.sleep(0.05)
+    wall = time.monotonic() - t
+    print(f"queue -> Spark -> queue: {_progress_rate(q):,.0f} rows/s steady, {a.rows / wall:,.0f} rows/s wall "
+          f"({a.rows} rows in {wall:.1f}s incl. query start)")
+    q.stop()
+    for name in (src, dst, mid):
+        ch.queue_delete(name)
+    conn.close()
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
