@@ -4,19 +4,31 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test clean
+.PHONY: run run-cluster test test-core test-spark clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,spark]'
 	touch $@
 
 run: $(VENV)/.installed
 	$(VENV)/bin/haremq node --name hare1 --data-dir ./haremq-data/hare1 --amqp-port 5672
 
-test: $(VENV)/.installed
-	$(PY) -m pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS) tests
+run-cluster: $(VENV)/.installed
+	$(VENV)/bin/haremq cluster up --nodes 3 --amqp-port 5672 --cluster-port 25672 --data-dir ./haremq-data
+
+test: test-core test-spark
+
+# Independent tests in parallel (each module starts its own nodes on free ports).
+test-core: $(VENV)/.installed
+	$(PY) -m pytest -n 2 -p no:cacheprovider -m "not spark" $(PYTEST_ARGS) tests
+
+# The Spark pipeline tests share one local Spark session per module: not under xdist.
+# They skip themselves when Java or pyspark is missing.
+test-spark: $(VENV)/.installed
+	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest -p no:xdist -p no:cacheprovider -m spark $(PYTEST_ARGS) \
+		tests/test_pipeline_spark.py
 
 clean:
 	rm -rf $(VENV) haremq-data
