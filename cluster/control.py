@@ -86,15 +86,26 @@ class Control:
 
     async def list_queues(self, args: dict) -> list:
         if not args.get("local"):
-            return sorted(await self._on_members("list_queues", args), key=lambda r: (r["vhost"], r["name"]))
+            rows = await self._on_members("list_queues", args)
+            seen = {(r["vhost"], r["name"]) for r in rows}
+            for vname, vhost in self.broker.vhosts.items():   # homes that did not answer
+                for queue in vhost.queues.values():
+                    if (vname, queue.name) not in seen and hasattr(queue, "home"):
+                        rows.append({"name": queue.name, "vhost": vname, "messages": None,
+                                     "messages_unacknowledged": None, "consumers": None, "durable": queue.durable,
+                                     "auto_delete": queue.auto_delete, "exclusive": queue.exclusive_owner is not None,
+                                     "node": queue.home, "state": "down", "arguments": _jsonable(queue.arguments)})
+            return sorted(rows, key=lambda r: (r["vhost"], r["name"]))
         rows = []
         for vname, vhost in self.broker.vhosts.items():
             for queue in vhost.queues.values():
+                if hasattr(queue, "home"):
+                    continue     # a record of a queue mastered elsewhere: its home lists it
                 rows.append({"name": queue.name, "vhost": vname, "messages": queue.message_count,
                              "messages_unacknowledged": queue.unacked, "consumers": queue.consumer_count,
                              "durable": queue.durable, "auto_delete": queue.auto_delete,
                              "exclusive": queue.exclusive_owner is not None, "node": self.node.name,
-                             "arguments": _jsonable(queue.arguments)})
+                             "state": "running", "arguments": _jsonable(queue.arguments)})
         return rows
 
     async def list_exchanges(self, args: dict) -> list:

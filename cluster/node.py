@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
+from pathlib import Path
+
+from node.protocol.replies import AMQPError, ReplyCode
+
 from .control import Control
+from .metadata import MetadataMachine, raise_result
+from .raft import NotLeader, Raft, RaftStorage
 from .membership import CHANNEL_OPTIONS, Membership
 from .rpc import cluster_pb2_grpc as pbg
 from .secret import SecretCheck
@@ -28,7 +34,7 @@ class ClusterConfig:
 
 
 class ClusterNode:
-    def __init__(self, name: str, config: ClusterConfig, broker, amqp):
+    def __init__(self, name: str, config: ClusterConfig, broker, amqp, data_dir, recovered=None):
         self.name = name
         self.config = config
         self.broker = broker
@@ -37,11 +43,36 @@ class ClusterNode:
         self.membership = Membership(name, config.peers, config.secret, config.failure_timeout,
                                      self._majority_changed)
         self.control = Control(self)
+        self.metadata = MetadataMachine(name, broker, lambda n: self.membership.peers.get(n),
+                                        self.membership.metadata)
+        self.raft = Raft(name, self.membership, RaftStorage(Path(data_dir) / "raft"), self.metadata.apply)
         self._server: grpc.aio.Server | None = None
         self._transition: asyncio.Task | None = None
+        self._announced = False
+        broker.cluster = self
 
     def leader_name(self) -> str | None:
-        return None   # metadata consensus (and so a leader) comes with replicated metadata
+        return self.raft.leader
+
+    def submit(self, command: dict, callback, *args) -> None:
+        """propose() for callers without a loop of their own: callback(result, error, *args)."""
+        async def run():
+            try:
+                result = await self.propose(command)
+            except AMQPError as err:
+                callback(None, err, *args)
+            else:
+                callback(result, None, *args)
+        asyncio.ensure_future(run())
+
+    async def propose(self, command: dict):
+        """Commit a metadata change cluster-wide; the result of applying it here (or its AMQP error)."""
+        try:
+            result = await self.raft.propose(command)
+        except (NotLeader, asyncio.TimeoutError, grpc.aio.AioRpcError) as exc:
+            raise AMQPError(ReplyCode.CONNECTION_FORCED,
+                            f"cluster metadata not available: {exc or 'timeout'}") from None
+        return raise_result(result)
 
     async def start(self) -> None:
         self._server = grpc.aio.server(interceptors=[SecretCheck(self.config.secret)], options=CHANNEL_OPTIONS)
@@ -56,8 +87,10 @@ class ClusterNode:
         await self._server.start()
         self.log.info("cluster port open", address=address, peers=sorted(self.config.peers))
         await self.membership.start()
+        await self.raft.start()
 
     async def stop(self) -> None:
+        await self.raft.stop()
         await self.membership.stop()
         if self._transition is not None:
             self._transition.cancel()
@@ -73,7 +106,21 @@ class ClusterNode:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         if majority:
+            if not self._announced:
+                await self._announce_restart()
             await self.amqp.resume()
         else:
             self.log.warning("pausing: this node cannot see a majority of the cluster (pause-minority)")
             await self.amqp.pause("pause-minority: node cannot see a majority of the cluster")
+
+    async def _announce_restart(self) -> None:
+        """Before serving: the cluster drops what did not survive this node's restart
+        (its transient and exclusive queues), and this node has caught up with the log."""
+        while True:
+            try:
+                await self.raft.propose({"op": "node.restarted", "node": self.name})
+                self._announced = True
+                return
+            except (NotLeader, asyncio.TimeoutError, grpc.aio.AioRpcError) as exc:
+                self.log.info("waiting for the metadata leader", reason=str(exc) or "timeout")
+                await asyncio.sleep(0.3)

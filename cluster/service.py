@@ -6,6 +6,7 @@ import json
 import grpc
 
 from .control import ControlError
+from .queue_service import serve_link
 from .rpc import cluster_pb2 as pb
 from .rpc import cluster_pb2_grpc as pbg
 
@@ -17,6 +18,19 @@ class ClusterService(pbg.ClusterServicer):
     async def Ping(self, request, context):
         return pb.PingReply(node=self.node.name, leader=self.node.leader_name() or "",
                             paused=self.node.membership.paused)
+
+    async def RequestVote(self, request, context):
+        return await self.node.raft.on_request_vote(request)
+
+    async def AppendEntries(self, request, context):
+        return await self.node.raft.on_append_entries(request)
+
+    async def Propose(self, request, context):
+        return await self.node.raft.on_propose(request)
+
+    async def QueueSession(self, request_iterator, context):
+        async for event in serve_link(self.node.broker, request_iterator, context):
+            yield event
 
     async def Control(self, request, context):
         try:

@@ -35,6 +35,14 @@ class NodeConfig:
     failure_timeout: float = 3.0
     default_user: str | None = None
     default_pass: str | None = None
+    definitions: Path | None = None             # RabbitMQ definitions JSON imported at start
+    tls_port: int | None = None                 # amqps listener when set (with tls_cert, tls_key)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    tls_verify_peer: bool = False
+    vm_memory_high_watermark: str = "0.4"       # fraction of RAM or a size (ERR-4)
+    disk_free_limit: str = "50MB"
 
 
 class Node:
@@ -45,6 +53,7 @@ class Node:
         self.store: MessageStore | None = None
         self.amqp: AMQPServer | None = None
         self.cluster = None
+        self.resources = None
         self._stopping = False
         self._stopped = asyncio.Event()
 
@@ -57,6 +66,7 @@ class Node:
 
     async def start(self) -> None:
         self._prepare_data_dir()
+        tls = self._tls_context()          # bad certificate files stop the node before anything starts
         self.store = MessageStore(self.config.data_dir, self.config.name, segment_size=self.config.segment_size,
                                   skip_corrupt=self.config.skip_corrupt)
         try:
@@ -64,29 +74,71 @@ class Node:
         except StoreError as exc:
             raise NodeError(str(exc)) from None
         self.broker = Broker(self.config.name, self.store)
-        self.broker.restore(recovered)
+        self._recovered_queues = {}
+        if self.config.cluster_port is None:
+            self.broker.restore(recovered)
+        else:   # clustered: metadata comes back by replaying the cluster's log; messages join their queues then
+            self._recovered_queues = dict(recovered.queues)
         self._default_user()
-        self.amqp = AMQPServer(self.broker, self.config.bind, self.config.amqp_port)
+        self._load_definitions()
+        self._resource_monitor()
+        self.amqp = AMQPServer(self.broker, self.config.bind, self.config.amqp_port, self.config.tls_port, tls)
         clustered = self.config.cluster_port is not None
         try:
             # A clustered node serves AMQP only once it sees a majority (pause-minority).
             await self.amqp.start(serving=not clustered)
         except OSError as exc:
-            raise NodeError(f"cannot listen on {self.config.bind}:{self.config.amqp_port}: "
-                            f"{exc.strerror or exc}") from None
+            ports = f"{self.config.amqp_port}" + (f" or {self.config.tls_port} (TLS)" if self.config.tls_port else "")
+            raise NodeError(f"cannot listen on {self.config.bind}:{ports}: {exc.strerror or exc}") from None
+        self.resources.start()
         if clustered:
             from cluster.node import ClusterConfig, ClusterNode
             self.cluster = ClusterNode(self.config.name, ClusterConfig(
                 port=self.config.cluster_port, bind=self.config.bind, peers=dict(self.config.peers),
                 secret=self.config.cluster_secret, failure_timeout=self.config.failure_timeout),
-                self.broker, self.amqp)
+                self.broker, self.amqp, self.config.data_dir)
+            self.cluster.metadata.recovered = dict(self._recovered_queues)
             try:
                 await self.cluster.start()
             except OSError as exc:
                 await self.amqp.stop()
                 raise NodeError(str(exc)) from None
         self.log.info("node started", amqp=f"{self.config.bind}:{self.amqp.port}",
+                      amqps=f"{self.config.bind}:{self.amqp.tls_port}" if self.amqp.tls_port else None,
                       data_dir=str(self.config.data_dir), pid=os.getpid())
+
+    def _load_definitions(self) -> None:
+        """--definitions FILE: RabbitMQ's definitions JSON, imported at every start."""
+        if self.config.definitions is None:
+            return
+        from .broker.definitions import load_file
+        try:
+            self.broker.import_definitions(load_file(self.config.definitions))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise NodeError(f"cannot import definitions {self.config.definitions}: {exc}") from None
+        self.log.info("definitions imported", file=str(self.config.definitions))
+
+    def _tls_context(self):
+        if self.config.tls_port is None:
+            return None
+        from .tls import TLSConfigError, server_context
+        if self.config.tls_cert is None or self.config.tls_key is None:
+            raise NodeError("--tls-port needs --tls-cert and --tls-key")
+        try:
+            return server_context(self.config.tls_cert, self.config.tls_key, self.config.tls_ca,
+                                  self.config.tls_verify_peer)
+        except TLSConfigError as exc:
+            raise NodeError(str(exc)) from None
+
+    def _resource_monitor(self) -> None:
+        """Memory and disk-free alarms (ERR-4), checked every second once AMQP is up."""
+        from .alarms import ResourceMonitor
+        try:
+            self.resources = ResourceMonitor(self.broker, self.config.data_dir, self.config.vm_memory_high_watermark,
+                                             self.config.disk_free_limit)
+        except ValueError as exc:
+            raise NodeError(str(exc)) from None
+        self.broker.resources = self.resources
 
     def _default_user(self) -> None:
         """--default-user: the account a deployment starts with (guest is loopback-only)."""
@@ -115,6 +167,8 @@ class Node:
             return
         self._stopping = True
         self.log.info("node stopping")
+        if self.resources is not None:
+            await self.resources.stop()
         if self.cluster is not None:
             await self.cluster.stop()
         if self.amqp is not None:

@@ -66,6 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--default-user", default=_env("default-user"),
                       help="create this user (all permissions on /) at first start")
     node.add_argument("--default-pass", default=_env("default-pass"), help="its password")
+    node.add_argument("--definitions", type=Path, default=_env("definitions"),
+                      help="RabbitMQ definitions JSON (users, vhosts, permissions, policies, queues, "
+                           "exchanges, bindings) to import at start")
+    node.add_argument("--tls-port", type=_port, default=_env("tls-port"),
+                      help="AMQP over TLS (amqps) listener port, usually 5671; needs --tls-cert and --tls-key")
+    node.add_argument("--tls-cert", type=Path, default=_env("tls-cert"), help="server certificate (PEM)")
+    node.add_argument("--tls-key", type=Path, default=_env("tls-key"), help="server private key (PEM)")
+    node.add_argument("--tls-ca", type=Path, default=_env("tls-ca"), help="CA certificates for client certificates")
+    node.add_argument("--tls-verify-peer", action="store_true",
+                      help="require a client certificate signed by --tls-ca (mutual TLS)")
+    node.add_argument("--vm-memory-high-watermark", default=_env("vm-memory-high-watermark", "0.4"),
+                      help="memory alarm above this fraction of RAM (0.4) or size (1GB); default 0.4")
+    node.add_argument("--disk-free-limit", default=_env("disk-free-limit", "50MB"),
+                      help="disk alarm below this much free space in the data dir (default 50MB)")
     node.add_argument("--skip-corrupt", action="store_true",
                       help="start even if a segment has a corrupt record mid-log (drops the rest of it)")
     node.add_argument("--segment-size", type=int, default=64 << 20,
@@ -144,7 +158,13 @@ def main(argv: list[str] | None = None) -> int:
                             cluster_port=int(args.cluster_port) if args.cluster_port is not None else None,
                             peers=_peers(args), cluster_secret=cluster_secret,
                             failure_timeout=args.failure_timeout,
-                            default_user=args.default_user, default_pass=args.default_pass)
+                            default_user=args.default_user, default_pass=args.default_pass,
+                            definitions=args.definitions,
+                            tls_port=int(args.tls_port) if args.tls_port is not None else None,
+                            tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+                            tls_verify_peer=args.tls_verify_peer,
+                            vm_memory_high_watermark=args.vm_memory_high_watermark,
+                            disk_free_limit=args.disk_free_limit)
         _event_loop_policy()
         try:
             asyncio.run(_run_node(config))

@@ -162,15 +162,22 @@ class AMQPProtocol(asyncio.Protocol):
 
 
 class AMQPServer:
-    """The AMQP listener of a node and the protocols it has accepted."""
+    """The AMQP listener of a node and the protocols it has accepted.
 
-    def __init__(self, broker, host: str, port: int):
+    With `tls_port` and an `ssl` context it also listens for AMQP over TLS
+    (amqps, 5671) on a second socket; both are started, paused and stopped together.
+    """
+
+    def __init__(self, broker, host: str, port: int, tls_port: int | None = None, ssl=None):
         self.broker = broker
         self.host = host
         self.port = port
+        self.tls_port = tls_port if ssl is not None else None
+        self.ssl = ssl
         self.loop = asyncio.get_running_loop()
         self.protocols: set[AMQPProtocol] = set()
         self._server: asyncio.base_events.Server | None = None
+        self._tls_server: asyncio.base_events.Server | None = None
 
     async def start(self, serving: bool = True) -> None:
         """Bind the listener (so a port in use fails at start); accept clients if `serving`."""
@@ -178,6 +185,16 @@ class AMQPServer:
                                                      reuse_address=True, backlog=1024, start_serving=serving)
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
+        if self.tls_port is not None:
+            try:
+                self._tls_server = await self.loop.create_server(
+                    lambda: AMQPProtocol(self), self.host, self.tls_port, ssl=self.ssl, reuse_address=True,
+                    backlog=1024, start_serving=serving, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+            except OSError:
+                self._server.close()
+                raise
+            if self.tls_port == 0:
+                self.tls_port = self._tls_server.sockets[0].getsockname()[1]
 
     async def pause(self, reason: str) -> None:
         """Stop serving: close the listener and every client connection (320 CONNECTION_FORCED)."""
@@ -189,10 +206,15 @@ class AMQPServer:
             await self.start()
         elif not self._server.is_serving():
             await self._server.start_serving()
+            if self._tls_server is not None:
+                await self._tls_server.start_serving()
 
     async def stop(self, reason: str = "shutdown") -> None:
         if self._server is not None:
             self._server.close()
+        if self._tls_server is not None:
+            self._tls_server.close()
+            self._tls_server = None
         err = AMQPError(ReplyCode.CONNECTION_FORCED, f"broker forced connection closure with reason '{reason}'")
         for protocol in list(self.protocols):
             protocol.force_close(err)

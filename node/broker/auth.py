@@ -14,15 +14,26 @@ import os
 from dataclasses import dataclass, field
 
 
-def hash_password(password: str, salt: bytes | None = None) -> str:
+SHA256 = "rabbit_password_hashing_sha256"
+ALGORITHMS = {SHA256: hashlib.sha256,
+              "rabbit_password_hashing_sha512": hashlib.sha512,
+              "rabbit_password_hashing_md5": hashlib.md5}
+
+
+def hash_password(password: str, salt: bytes | None = None, algorithm: str = SHA256) -> str:
     salt = os.urandom(4) if salt is None else salt
-    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+    return base64.b64encode(salt + ALGORITHMS[algorithm](salt + password.encode()).digest()).decode()
 
 
-def check_password(password: str, password_hash: str) -> bool:
-    raw = base64.b64decode(password_hash)
+def check_password(password: str, password_hash: str, algorithm: str = SHA256) -> bool:
+    if not password_hash:
+        return False          # a user without a password cannot log in with one (RabbitMQ)
+    try:
+        raw = base64.b64decode(password_hash)
+    except ValueError:
+        return False
     salt, digest = raw[:4], raw[4:]
-    return hmac.compare_digest(hashlib.sha256(salt + password.encode()).digest(), digest)
+    return hmac.compare_digest(ALGORITHMS[algorithm](salt + password.encode()).digest(), digest)
 
 
 def is_loopback(host: str) -> bool:
@@ -38,6 +49,7 @@ class User:
     password_hash: str
     tags: list[str] = field(default_factory=list)
     loopback_only: bool = False
+    algorithm: str = SHA256
 
 
 class Users:
@@ -45,17 +57,38 @@ class Users:
         self._users: dict[str, User] = {}
         self.add("guest", "guest", tags=["administrator"], loopback_only=True)
 
-    def add(self, name: str, password: str, tags: list[str] | None = None, loopback_only: bool = False) -> User:
-        user = User(name, hash_password(password), list(tags or []), loopback_only)
+    def add(self, name: str, password: str | None, tags: list[str] | None = None,
+            loopback_only: bool = False) -> User:
+        user = User(name, hash_password(password) if password is not None else "", list(tags or []),
+                    loopback_only)
         self._users[name] = user
         return user
+
+    def add_hashed(self, name: str, password_hash: str, algorithm: str = SHA256,
+                   tags: list[str] | None = None) -> User:
+        """A user as a definitions file carries it: the hash, never the password."""
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unsupported hashing algorithm '{algorithm}'")
+        user = User(name, password_hash or "", list(tags or []), name == "guest", algorithm)
+        self._users[name] = user
+        return user
+
+    def remove(self, name: str) -> User | None:
+        return self._users.pop(name, None)
+
+    def all(self) -> list[User]:
+        return list(self._users.values())
+
+    def clear(self) -> None:
+        self._users.clear()
 
     def get(self, name: str) -> User | None:
         return self._users.get(name)
 
     def authenticate(self, name: str, password: str, peer_host: str) -> str | None:
         user = self._users.get(name)
-        if user is None or password is None or not check_password(password, user.password_hash):
+        if user is None or password is None or \
+                not check_password(password, user.password_hash, user.algorithm):
             return None
         if user.loopback_only and not is_loopback(peer_host):
             return None

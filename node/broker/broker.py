@@ -6,9 +6,15 @@ import structlog
 
 from ..protocol.replies import AMQPError, ReplyCode
 from ..store import meta
-from .auth import Users
+from . import policy as policies
+from .auth import SHA256, Users, hash_password
 from .exchange import Exchange, ExchangeType
+from .permissions import Access, Permission, vhost_refused
 from .vhost import Persistence, VHost, is_durable, server_name
+
+
+class BrokerError(ValueError):
+    """A management request that cannot be done, in rabbitmqctl's words."""
 
 VERSION = "0.1.0"
 
@@ -20,9 +26,13 @@ class Broker(Persistence):
         self.next_queue_id = 1
         self.vhosts: dict[str, VHost] = {"/": VHost("/", self)}
         self.users = Users()
+        self.permissions: dict[tuple[str, str], Permission] = {("guest", "/"): Permission(".*", ".*", ".*")}
         self.sessions: set = set()
+        self.sessions_by_key: dict = {}
+        self.cluster = None          # cluster.node.ClusterNode when clustered
         self._reply_to: dict[str, object] = {}
         self.alarms: set[str] = set()
+        self.resources = None             # node.alarms.ResourceMonitor, set by the node
         self.log = structlog.get_logger("haremq.broker").bind(node=node_name)
         if store is not None:
             store.on_failure = self._store_failure
@@ -46,7 +56,141 @@ class Broker(Persistence):
     def check_vhost(self, user: str, vhost: str) -> AMQPError | None:
         if vhost not in self.vhosts:
             return AMQPError(ReplyCode.NOT_ALLOWED, f"vhost {vhost} not found", 10, 40)
+        if (user, vhost) not in self.permissions:
+            self.log.warning("vhost access refused", user=user, vhost=vhost)
+            return vhost_refused(user, vhost)
         return None
+
+    def access(self, user: str, vhost: str) -> Access:
+        """A new connection's rights in its vhost (ERR-3)."""
+        return Access(user, vhost, self.permissions.get((user, vhost)))
+
+    # ---- users, vhosts, permissions, policies (ERR-3; `haremq ctl`) ---------------------------
+    def _user(self, name: str):
+        user = self.users.get(name)
+        if user is None:
+            raise BrokerError(f"user '{name}' does not exist")
+        return user
+
+    def _vhost(self, name: str) -> VHost:
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            raise BrokerError(f"vhost '{name}' does not exist")
+        return vhost
+
+    def add_user(self, name: str, password: str | None = None, tags: list[str] | None = None,
+                 password_hash: str | None = None, hashing_algorithm: str = SHA256) -> None:
+        if not name:
+            raise BrokerError("user name must not be empty")
+        if self.users.get(name) is not None:
+            raise BrokerError(f"user '{name}' already exists")
+        if password_hash is not None:
+            self.users.add_hashed(name, password_hash, hashing_algorithm, tags)
+        else:
+            self.users.add(name, password, tags, loopback_only=name == "guest")
+        self.changed()
+
+    def delete_user(self, name: str) -> None:
+        self._user(name)
+        self.users.remove(name)
+        for key in [k for k in self.permissions if k[0] == name]:
+            del self.permissions[key]
+        self._refresh_access(name, None)
+        self.changed()
+
+    def change_password(self, name: str, password: str) -> None:
+        user = self._user(name)
+        user.password_hash, user.algorithm = hash_password(password), SHA256
+        self.changed()
+
+    def set_user_tags(self, name: str, tags: list[str] | str | None = None) -> None:
+        user = self._user(name)
+        if isinstance(tags, str):
+            tags = [t for t in tags.replace(",", " ").split() if t]
+        user.tags = list(tags or [])
+        self.changed()
+
+    def list_users(self) -> list[dict]:
+        return [{"user": u.name, "tags": list(u.tags)} for u in self.users.all()]
+
+    def add_vhost(self, name: str) -> None:
+        if not name:
+            raise BrokerError("vhost name must not be empty")
+        if name in self.vhosts:
+            raise BrokerError(f"vhost '{name}' already exists")
+        self.vhosts[name] = VHost(name, self)
+        self.changed()
+
+    def delete_vhost(self, name: str) -> None:
+        vhost = self._vhost(name)
+        for session in list(self.sessions):
+            if session.vhost is vhost:
+                session.close(AMQPError(ReplyCode.CONNECTION_FORCED, f"vhost '{name}' is deleted"))
+                session.wakeup()
+        for queue in list(vhost.queues.values()):
+            vhost.remove_queue(queue)
+        del self.vhosts[name]
+        for key in [k for k in self.permissions if k[1] == name]:
+            del self.permissions[key]
+        self.changed()
+
+    def list_vhosts(self) -> list[dict]:
+        return [{"name": name} for name in self.vhosts]
+
+    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
+        self._user(user)
+        self._vhost(vhost)
+        permission = Permission(configure, write, read)
+        self.permissions[(user, vhost)] = permission
+        self._refresh_access(user, vhost)
+        self.changed()
+
+    def clear_permissions(self, user: str, vhost: str = "/") -> None:
+        self._user(user)
+        self._vhost(vhost)
+        self.permissions.pop((user, vhost), None)
+        self._refresh_access(user, vhost)
+        self.changed()
+
+    def list_permissions(self, vhost: str | None = None) -> list[dict]:
+        return [{"user": u, "vhost": v, "configure": p.configure, "write": p.write, "read": p.read}
+                for (u, v), p in self.permissions.items() if vhost is None or v == vhost]
+
+    def _refresh_access(self, user: str, vhost: str | None) -> None:
+        for session in list(self.sessions):
+            access = getattr(session, "access", None)
+            if access is not None and session.user == user and (vhost is None or access.vhost == vhost):
+                access.update(self.permissions.get((user, access.vhost)))
+
+    def set_policy(self, vhost: str, name: str, pattern: str, definition: dict, apply_to: str = "all",
+                   priority: int = 0) -> None:
+        target = self._vhost(vhost)
+        try:
+            policy = policies.validate(name, pattern, definition, priority, apply_to)
+        except policies.PolicyError as exc:
+            raise BrokerError(str(exc)) from None
+        target.policies[name] = policy
+        target.apply_policies()
+        self.changed()
+
+    def clear_policy(self, vhost: str, name: str) -> None:
+        target = self._vhost(vhost)
+        if target.policies.pop(name, None) is None:
+            raise BrokerError(f"policy '{name}' does not exist in vhost '{vhost}'")
+        target.apply_policies()
+        self.changed()
+
+    def list_policies(self, vhost: str | None = None) -> list[dict]:
+        return [policy.as_json(vname) for vname, v in self.vhosts.items() if vhost is None or vname == vhost
+                for policy in v.policies.values()]
+
+    def export_definitions(self) -> dict:
+        from .definitions import export_definitions
+        return export_definitions(self)
+
+    def import_definitions(self, data: dict) -> None:
+        from .definitions import import_definitions
+        import_definitions(self, data)
 
     def vhost(self, name: str) -> VHost:
         return self.vhosts[name]
@@ -64,7 +208,31 @@ class Broker(Persistence):
                 session.alarm_changed(bool(self.alarms))
 
     def alarm_reason(self) -> str:
-        return " & ".join(f"low on {name}" for name in sorted(self.alarms))
+        # RabbitMQ's words: "low on memory", "low on disk" (the free-space and write alarms alike)
+        kinds = sorted({"disk" if name.startswith("disk") else name for name in self.alarms})
+        return " & ".join(f"low on {kind}" for kind in kinds)
+
+    def set_vm_memory_high_watermark(self, watermark: str) -> dict:
+        """As `rabbitmqctl set_vm_memory_high_watermark`: a fraction of RAM or a size; checked at once."""
+        if self.resources is None:
+            raise BrokerError("this node does not monitor its resources")
+        self.resources.set_memory_watermark(watermark)
+        self.resources.check()
+        return self.resources.status()
+
+    def set_disk_free_limit(self, limit: str) -> dict:
+        """As `rabbitmqctl set_disk_free_limit`: bytes or a size with a unit; checked at once."""
+        if self.resources is None:
+            raise BrokerError("this node does not monitor its resources")
+        self.resources.set_disk_free_limit(limit)
+        self.resources.check()
+        return self.resources.status()
+
+    def resource_status(self) -> dict:
+        """Memory and disk figures and the alarms in force (for `ctl cluster-status`)."""
+        if self.resources is None:
+            return {"alarms": sorted(self.alarms)}
+        return self.resources.status()
 
     def _store_failure(self, error) -> None:
         self.set_alarm("disk", error is not None)
@@ -114,18 +282,33 @@ class Broker(Persistence):
                 if queue.store is not None:
                     queues.append({"name": queue.name, "id": queue.store_id, "auto_delete": queue.auto_delete,
                                    "arguments": meta.encode_table(queue.arguments)})
-            vhosts[vname] = {"exchanges": exchanges, "queues": queues, "bindings": bindings}
-        return meta.dumps({"vhosts": vhosts, "next_queue_id": self.next_queue_id})
+            vhosts[vname] = {"exchanges": exchanges, "queues": queues, "bindings": bindings,
+                             "policies": [p.as_json(vname) for p in vhost.policies.values()]}
+        users = [{"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": u.algorithm,
+                  "tags": list(u.tags)} for u in self.users.all()]
+        permissions = self.list_permissions()
+        return meta.dumps({"vhosts": vhosts, "next_queue_id": self.next_queue_id, "users": users,
+                           "permissions": permissions})
 
     def restore(self, recovered) -> None:
         """Rebuild durable exchanges, queues and bindings, and put recovered messages back."""
         snapshot = meta.loads(recovered.meta)
         self.next_queue_id = snapshot.get("next_queue_id", 1)
+        if "users" in snapshot:
+            self.users.clear()
+            for u in snapshot["users"]:
+                self.users.add_hashed(u["name"], u["password_hash"], u.get("hashing_algorithm", SHA256),
+                                      u.get("tags"))
+            self.permissions = {(p["user"], p["vhost"]): Permission(p["configure"], p["write"], p["read"])
+                                for p in snapshot.get("permissions", [])}
         known_ids = set()
         for vname, data in snapshot["vhosts"].items():
             vhost = self.vhosts.get(vname)
             if vhost is None:
                 vhost = self.vhosts[vname] = VHost(vname, self)
+            for p in data.get("policies", []):
+                vhost.policies[p["name"]] = policies.validate(p["name"], p["pattern"], p["definition"],
+                                                              p["priority"], p["apply-to"])
             for x in data["exchanges"]:
                 vhost._add_exchange(Exchange(x["name"], ExchangeType(x["type"]), durable=True,
                                              auto_delete=x["auto_delete"], internal=x["internal"],

@@ -16,9 +16,12 @@ from pamqp import commands as cmd
 from ..protocol.frames import encode_content, encode_deliver
 from ..protocol.properties import PropertyView, with_reply_to
 from ..protocol.replies import AMQPError, ReplyCode, error
+from ..store import meta
 from .confirms import ConfirmTracker
 from .message import Entry, Message
-from .queue import LOGGED, SAFE, Consumer, Queue
+from .expiry import parse_expiration
+from .queue import LOGGED, SAFE, Consumer, Queue, consumer_priority
+from .permissions import CONFIGURE, READ, WRITE
 from .vhost import server_name
 
 REPLY_TO = "amq.rabbitmq.reply-to"
@@ -62,6 +65,7 @@ class Channel:
         self.reply_token: str | None = None
         self.reply_consumer_tag: str | None = None
         self.closed = False
+        self.remote_queues: set = set()   # queues homed elsewhere this channel has a link to
         self.held = False                 # waiting for durability: later frames wait in backlog
         self.backlog: deque = deque()
 
@@ -113,6 +117,33 @@ class Channel:
         if not nowait:
             self.session.send_method(self.id, method)
 
+    def _propose(self, command: dict, method, reply, nowait: bool = False) -> None:
+        """Clustered: change metadata through the cluster's log; reply once it is applied here.
+        The channel holds its later frames until then, so its order is kept."""
+        command.update(vhost=self.vhost.name, method_index=method.index)
+        self.held = True
+        self.session.broker.cluster.submit(command, self._proposed, reply, nowait)
+
+    def _proposed(self, result, err, reply, nowait: bool) -> None:
+        if self.closed:
+            return
+        if err is not None:
+            self.session.fail_channel(self.id, err)
+        else:
+            try:
+                self._reply(reply(result), nowait)
+            except AMQPError as exc:
+                self.session.fail_channel(self.id, exc)
+                return
+        self.held = False
+        self.session.resume(self)
+
+    def _propose_binding(self, op: str, kind: str, source: str, destination: str, routing_key: str, m,
+                         reply, nowait: bool = False) -> None:
+        self._propose({"op": op, "kind": kind, "source": source, "destination": destination,
+                       "routing_key": routing_key, "arguments": meta.encode_table(m.arguments or {}),
+                       "owner": self.session.key}, m, lambda _r: reply, nowait)
+
     def _reply_durable(self, method, nowait: bool = False) -> None:
         """Reply once pending metadata is on disk; a durable declare must survive a crash."""
         if nowait or not self.session.broker.metadata_pending():
@@ -147,51 +178,138 @@ class Channel:
 
     # ---- exchange class -------------------------------------------------------------
     def _exchange_declare(self, m) -> None:
-        self.vhost.declare_exchange(m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete,
-                                    m.internal, m.arguments, m)
-        self._reply_durable(cmd.Exchange.DeclareOk(), m.nowait)
+        if not m.passive and m.exchange:
+            access = self.session.access
+            access.check(CONFIGURE, "exchange", m.exchange, m)
+            alternate = (m.arguments or {}).get("alternate-exchange")
+            if alternate is not None:
+                access.check(WRITE, "exchange", _text(alternate), m)
+                access.check(READ, "exchange", m.exchange, m)
+        if m.passive or self.session.broker.cluster is None:
+            self.vhost.declare_exchange(m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete,
+                                        m.internal, m.arguments, m)
+            self._reply_durable(cmd.Exchange.DeclareOk(), m.nowait)
+            return
+        self._propose({"op": "exchange.declare", "name": m.exchange, "type": m.exchange_type,
+                       "durable": m.durable, "auto_delete": m.auto_delete, "internal": m.internal,
+                       "arguments": meta.encode_table(m.arguments or {})}, m,
+                      lambda _r: cmd.Exchange.DeclareOk(), m.nowait)
 
     def _exchange_delete(self, m) -> None:
+        if m.exchange and not m.exchange.startswith("amq."):
+            self.session.access.check(CONFIGURE, "exchange", m.exchange, m)
+        if self.session.broker.cluster is not None:
+            self._propose({"op": "exchange.delete", "name": m.exchange, "if_unused": m.if_unused}, m,
+                          lambda _r: cmd.Exchange.DeleteOk(), m.nowait)
+            return
         self.vhost.delete_exchange(m.exchange, m.if_unused, m)
         self._reply_durable(cmd.Exchange.DeleteOk(), m.nowait)
 
     def _exchange_bind(self, m) -> None:
+        self._check_bind_exchanges(m)
+        if self.session.broker.cluster is not None:
+            self._propose_binding("bind", "exchange", m.source, m.destination, m.routing_key, m,
+                                  cmd.Exchange.BindOk(), m.nowait)
+            return
         self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments, m)
         self._reply_durable(cmd.Exchange.BindOk(), m.nowait)
 
     def _exchange_unbind(self, m) -> None:
+        self._check_bind_exchanges(m)
+        if self.session.broker.cluster is not None:
+            self._propose_binding("unbind", "exchange", m.source, m.destination, m.routing_key, m,
+                                  cmd.Exchange.UnbindOk(), m.nowait)
+            return
         self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments, m)
         self._reply_durable(cmd.Exchange.UnbindOk(), m.nowait)
+
+    def _check_bind_exchanges(self, m) -> None:
+        if m.source and m.destination:
+            access = self.session.access
+            access.check(WRITE, "exchange", m.destination, m)
+            access.check(READ, "exchange", m.source, m)
 
     # ---- queue class ------------------------------------------------------------------
     def _queue_declare(self, m) -> None:
         name = m.queue or ("" if not m.passive else self._queue_name("", m))
+        server_named = False
+        if not m.passive:
+            access = self.session.access
+            if not access.unrestricted:
+                if not name:     # RabbitMQ checks the name it generates
+                    name, server_named = server_name("amq.gen-"), True
+                access.check(CONFIGURE, "queue", name, m)
+                dlx = (m.arguments or {}).get("x-dead-letter-exchange")
+                if dlx is not None:
+                    access.check(WRITE, "exchange", _text(dlx), m)
+                    access.check(READ, "queue", name, m)
+        if not m.passive and self.session.broker.cluster is not None:
+            name = name or server_name("amq.gen-")
+            if name.startswith("amq.") and not server_named and m.queue:
+                raise error(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", m)
+            self._propose({"op": "queue.declare", "name": name, "durable": m.durable, "exclusive": m.exclusive,
+                           "auto_delete": m.auto_delete, "arguments": meta.encode_table(m.arguments or {}),
+                           "owner": self.session.key if m.exclusive else None,
+                           "home": self.session.broker.cluster.name}, m,
+                          lambda _r: self._declared(name), m.nowait)
+            return
         queue = self.vhost.declare_queue(name, m.passive, m.durable, m.exclusive, m.auto_delete,
-                                         m.arguments, self.session, m)
+                                         m.arguments, self.session, m, server_named=server_named)
         if queue.exclusive_owner is self.session:
             self.session.exclusive_queues.add(queue)
         self.last_queue = queue.name
         self._reply_durable(cmd.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count),
                              m.nowait)
 
+    def _declared(self, name: str):
+        """declare-ok for a queue the cluster has just declared."""
+        queue = self.vhost.queues[name]
+        if queue.exclusive_owner is self.session:
+            self.session.exclusive_queues.add(queue)
+        self.last_queue = name
+        return cmd.Queue.DeclareOk(name, queue.message_count, queue.consumer_count)
+
     def _queue_bind(self, m) -> None:
+        self._check_queue_binding(m)
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
         routing_key = m.routing_key if (m.routing_key or m.queue) else queue.name
+        if self.session.broker.cluster is not None:
+            self._propose_binding("bind", "queue", m.exchange, queue.name, routing_key, m, cmd.Queue.BindOk(),
+                                  m.nowait)
+            return
         self.vhost.bind_queue(queue, m.exchange, routing_key, m.arguments, m)
         self._reply_durable(cmd.Queue.BindOk(), m.nowait)
 
+    def _check_queue_binding(self, m) -> None:
+        access = self.session.access
+        if not access.unrestricted:
+            access.check(WRITE, "queue", self._queue_name(m.queue, m), m)
+            if m.exchange:
+                access.check(READ, "exchange", m.exchange, m)
+
     def _queue_unbind(self, m) -> None:
+        self._check_queue_binding(m)
         name = self._queue_name(m.queue, m)
+        if self.session.broker.cluster is not None:
+            self._propose_binding("unbind", "queue", m.exchange, name, m.routing_key, m, cmd.Queue.UnbindOk())
+            return
         if name in self.vhost.queues and m.exchange in self.vhost.exchanges:   # unbinding nothing is fine
             queue = self.vhost.queue(name, self.session, m)
             self.vhost.unbind_queue(queue, m.exchange, m.routing_key, m.arguments, m)
         self._reply_durable(cmd.Queue.UnbindOk())
 
     def _queue_purge(self, m) -> None:
+        self.session.access.check(READ, "queue", self._queue_name(m.queue, m), m)
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
         self._reply(cmd.Queue.PurgeOk(queue.purge()), m.nowait)
 
     def _queue_delete(self, m) -> None:
+        self.session.access.check(CONFIGURE, "queue", self._queue_name(m.queue, m), m)
+        if self.session.broker.cluster is not None:
+            self._propose({"op": "queue.delete", "name": self._queue_name(m.queue, m), "if_unused": m.if_unused,
+                           "if_empty": m.if_empty, "owner": self.session.key}, m,
+                          lambda r: cmd.Queue.DeleteOk(r.get("message_count") or 0), m.nowait)
+            return
         count = self.vhost.delete_queue(self._queue_name(m.queue, m), m.if_unused, m.if_empty,
                                         self.session, m)
         self._reply_durable(cmd.Queue.DeleteOk(count), m.nowait)
@@ -213,17 +331,22 @@ class Channel:
         if m.queue == REPLY_TO:
             self._consume_reply_to(m)
             return
+        self.session.access.check(READ, "queue", self._queue_name(m.queue, m), m)
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
         tag = m.consumer_tag or server_name("amq.ctag-")
         if tag in self.consumers or tag == self.reply_consumer_tag:
             raise error(ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", m)
-        if queue.consumers and (m.exclusive or any(c.exclusive for c in queue.consumers)):
+        if (queue.consumers or queue.single_active) and \
+                (m.exclusive or any(c.exclusive for c in queue.consumers)):
             raise error(ReplyCode.ACCESS_REFUSED,
                         f"queue '{queue.name}' in vhost '{queue.vhost}' in exclusive use", m)
+        consumer_priority(m.arguments, queue)
         consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, self.prefetch_consumer,
                             dict(m.arguments or {}))
         self.consumers[tag] = consumer
         self._reply(cmd.Basic.ConsumeOk(tag), m.nowait)
+        if hasattr(queue, "get_from"):
+            self._remote(queue)
         queue.add_consumer(consumer)
 
     def _consume_reply_to(self, m) -> None:
@@ -263,8 +386,17 @@ class Channel:
         self.reply_token = None
         self.reply_consumer_tag = None
 
+    def _remote(self, queue):
+        self.remote_queues.add(queue)
+        return queue
+
     def _basic_get(self, m) -> None:
+        self.session.access.check(READ, "queue", self._queue_name(m.queue, m), m)
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
+        if hasattr(queue, "get_from"):     # homed on another node: answer when it does
+            self.held = True
+            self._remote(queue).get_from(self, m.no_ack, lambda entry, count: self._got(queue, m.no_ack, entry, count))
+            return
         entry = queue.take(m.no_ack)
         if entry is None:
             self.session.send_method(self.id, cmd.Basic.GetEmpty())
@@ -279,6 +411,25 @@ class Channel:
             self.unacked[tag] = Unacked(tag, entry, queue, None)
             if entry.msg_id and queue.store.is_written(entry.msg_id):
                 self.session.gate_on(queue.store)
+
+    def _got(self, queue, no_ack: bool, entry, message_count: int) -> None:
+        if self.closed:
+            if entry is not None and not no_ack:
+                queue.requeue([entry])
+            return
+        if entry is None:
+            self.session.send_method(self.id, cmd.Basic.GetEmpty())
+        else:
+            tag = self.next_tag
+            self.next_tag = tag + 1
+            message = entry.message
+            self.session.send_method(self.id, cmd.Basic.GetOk(tag, entry.redelivered, message.exchange,
+                                                              message.routing_key, message_count))
+            self.session.write(encode_content(self.id, message.props_raw, message.body, self.session.frame_max))
+            if not no_ack:
+                self.unacked[tag] = Unacked(tag, entry, queue, None)
+        self.held = False
+        self.session.resume(self)
 
     # ---- basic class: acknowledgements ---------------------------------------------------
     def _take_unacked(self, tag: int, multiple: bool, method) -> list[Unacked]:
@@ -362,6 +513,9 @@ class Channel:
         if publish.immediate:
             raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true", 60, 40)
         exchange = self.vhost.exchange_for_publish(publish.exchange, publish)
+        access = self.session.access
+        if not access.unrestricted:
+            access.check(WRITE, "exchange", publish.exchange, publish)
         props = PropertyView(props_raw)
         if props.user_id is not None and props.user_id != self.session.user:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED,
@@ -371,8 +525,11 @@ class Channel:
             if self.reply_token is None:
                 raise AMQPError(ReplyCode.PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40)
             props_raw = with_reply_to(props_raw, self.reply_token)
+        expiration = props.expiration
+        if expiration is not None:
+            expiration = parse_expiration(expiration)
         message = Message(publish.exchange, publish.routing_key, props_raw, body,
-                          props.delivery_mode == 2, props.priority, props.expiration)
+                          props.delivery_mode == 2, props.priority, expiration)
         if self.mode is Mode.TX:
             self.tx_publishes.append((exchange, message, props, publish.mandatory))
             return
@@ -400,10 +557,16 @@ class Channel:
             return
         if confirms is None:
             for queue in queues:
-                queue.publish(message)
+                if queue.store is None and hasattr(queue, "publish_from"):
+                    self._remote(queue).publish_from(self, message, 0)
+                else:
+                    queue.publish(message)
             return
         seq = confirms.publish(len(queues))
         for queue in queues:
+            if queue.store is None and hasattr(queue, "publish_from"):   # homed on another node
+                self._remote(queue).publish_from(self, message, seq)
+                continue
             outcome = queue.publish(message)
             if outcome == LOGGED:
                 queue.store.when_durable(self._on_durable, seq)
@@ -499,6 +662,13 @@ class Channel:
             by_queue[record.queue].append(record.entry)
         for queue, entries in by_queue.items():
             queue.requeue(entries)
+        for queue in self.remote_queues:
+            queue.unlink(self)      # the home node requeues whatever is still out
+        self.remote_queues.clear()
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
 
 
 HANDLERS = {

@@ -14,14 +14,14 @@ class Message:
                  "expiration", "_exchange_raw", "_routing_key_raw")
 
     def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes,
-                 persistent: bool = False, priority: int | None = None, expiration: str | None = None):
+                 persistent: bool = False, priority: int | None = None, expiration: int | None = None):
         self.exchange = exchange
         self.routing_key = routing_key
         self.props_raw = props_raw
         self.body = body
         self.persistent = persistent
         self.priority = priority
-        self.expiration = expiration
+        self.expiration = expiration     # the `expiration` property in milliseconds, checked at publish
         self._exchange_raw = None
         self._routing_key_raw = None
 
@@ -46,13 +46,15 @@ class Message:
 class Entry:
     """A message's copy in one queue: its position and whether it was delivered before."""
 
-    __slots__ = ("message", "seq", "redelivered", "msg_id")
+    __slots__ = ("message", "seq", "redelivered", "msg_id", "expires")
 
-    def __init__(self, message: Message, seq: int, redelivered: bool = False, msg_id: int = 0):
+    def __init__(self, message: Message, seq: int, redelivered: bool = False, msg_id: int = 0,
+                 expires: float = 0.0):
         self.message = message
         self.seq = seq
         self.redelivered = redelivered
         self.msg_id = msg_id     # the store's id when the message is logged, else 0
+        self.expires = expires   # monotonic deadline (x-message-ttl / expiration), 0 = never
 
     def __lt__(self, other: "Entry") -> bool:
         return self.seq < other.seq

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import sys
 from collections import deque
 from typing import Callable
 
 from ..protocol.replies import AMQPError, ReplyCode, vhost_text
 from ..protocol.properties import PropertyView
+from . import policy as pol
+from .expiry import call_later, expiration_ms, monotonic
 from .message import Entry, Message
+from .priority import PriorityReady
 
 OVERFLOW_DROP_HEAD = "drop-head"
 OVERFLOW_REJECT_PUBLISH = "reject-publish"
@@ -34,7 +38,7 @@ class Consumer:
     """One basic.consume: where deliveries go and how many it may hold unacked."""
 
     __slots__ = ("tag", "tag_raw", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked",
-                 "arguments")
+                 "arguments", "priority")
 
     def __init__(self, tag: str, channel, queue: "Queue", no_ack: bool, exclusive: bool,
                  prefetch: int, arguments: dict):
@@ -48,6 +52,7 @@ class Consumer:
         self.prefetch = prefetch
         self.unacked = 0
         self.arguments = arguments
+        self.priority = arguments.get("x-priority", 0) if arguments else 0   # checked by consumer_priority()
 
     def can_take(self) -> bool:
         if self.prefetch and self.unacked >= self.prefetch:
@@ -73,6 +78,7 @@ class Queue:
         self.store = store if durable and exclusive_owner is None else None
         self.store_id = store_id
         self.dead_letter: Callable[["Queue", list, str], None] | None = None   # set when it has a DLX
+        self._dead_letter_handler: Callable[["Queue", list, str], None] | None = None
         self.consumers: deque[Consumer] = deque()
         self.unacked = 0
         self.deleted = False
@@ -80,11 +86,65 @@ class Queue:
         self._seq = itertools.count(1)
         self._on_unused = on_unused
         self._dispatching = False
-        self.max_length = _int_arg(self.arguments, "x-max-length")
-        self.max_length_bytes = _int_arg(self.arguments, "x-max-length-bytes")
-        self.overflow = self.arguments.get("x-overflow", OVERFLOW_DROP_HEAD)
-        if isinstance(self.overflow, bytes):
-            self.overflow = self.overflow.decode()
+        self._head_limit = HEAD_LIMIT
+        # PUB-4 features; a queue without them pays one None test per message at most.
+        self.policy: dict = {}
+        self.max_priority = _int_arg(self.arguments, "x-max-priority")
+        if self.max_priority is not None:
+            self.ready = PriorityReady(self.max_priority)
+            self._head_limit = sys.maxsize      # priority queues stay in memory, never paged out
+        self.single_active = self.arguments.get("x-single-active-consumer") is True
+        self._groups: list[deque] | None = None   # consumers by x-priority, highest first
+        self.expiring = False                    # some message may carry a deadline
+        self._tail_expiry: dict[int, float] = {}  # paged-out message id -> deadline
+        self._restored_upto = 0                  # ids up to here were recovered at start
+        self._restored_at = 0.0
+        self._fresh: Message | None = None       # being published: not expired by this dispatch
+        self._expiry_timer = None
+        self._expiry_at = 0.0
+        self._unused_timer = None
+        self._returns: dict[Entry, int] = {}     # x-delivery-limit: times each entry came back
+        self._resolve()
+
+    # ---- settings: x- arguments and policy ---------------------------------------------
+    def _resolve(self) -> None:
+        """Effective limits from the queue's arguments and its policy (see policy.py)."""
+        args, policy = self.arguments, self.policy
+        self.max_length = _int_arg({"x-max-length": pol.effective(args, policy, "max-length")}, "x-max-length")
+        self.max_length_bytes = _int_arg({"x-max-length-bytes": pol.effective(args, policy, "max-length-bytes")},
+                                         "x-max-length-bytes")
+        self.overflow = pol.effective(args, policy, "overflow") or OVERFLOW_DROP_HEAD
+        self.ttl = pol.effective(args, policy, "message-ttl")
+        self.expires = pol.effective(args, policy, "expires")
+        self.delivery_limit = pol.effective(args, policy, "delivery-limit")
+        self.dlx = pol.effective(args, policy, "dead-letter-exchange")
+        self.dlx_routing_key = pol.effective(args, policy, "dead-letter-routing-key")
+        self.dead_letter = self._dead_letter_handler if self.dlx is not None else None
+        if self.ttl is not None:
+            self.expiring = True
+
+    def set_dead_letter_handler(self, handler: Callable[["Queue", list, str], None]) -> None:
+        """The vhost's dead-lettering; used whenever the queue has a dead-letter exchange."""
+        self._dead_letter_handler = handler
+        self.dead_letter = handler if self.dlx is not None else None
+
+    def apply_policy(self, definition: dict | None) -> None:
+        """Apply a policy definition (RabbitMQ's keys: message-ttl, expires, max-length,
+        max-length-bytes, overflow, dead-letter-exchange, dead-letter-routing-key,
+        delivery-limit); None or {} clears it. Takes effect at once, as in RabbitMQ."""
+        self.policy = {k: v for k, v in (definition or {}).items() if k in pol.QUEUE_KEYS}
+        before = (self.ttl, self.expires)
+        self._resolve()
+        if self.deleted:
+            return
+        if self.max_length is not None or self.max_length_bytes is not None:
+            self._drop_head_to_limits()
+        if self.ttl != before[0] and self.ttl is not None:
+            self._restamp_ttl()
+        if self.expiring:
+            self.drop_expired()
+        if self.expires != before[1]:
+            self.touch()
 
     def __repr__(self) -> str:
         return f"<Queue {self.vhost}/{self.name}>"
@@ -108,11 +168,14 @@ class Queue:
             return REFUSED
         store = self.store
         outcome = SAFE
+        expires = 0.0
+        if self.ttl is not None or message.expiration is not None:
+            expires = self._deadline(message)
         if store is None:
-            self.ready.append(Entry(message, next(self._seq)))
+            self.ready.append(Entry(message, next(self._seq), False, 0, expires))
             self.ready_bytes += len(message.body)
         else:
-            paging = bool(self.tail) or len(self.ready) >= HEAD_LIMIT
+            paging = bool(self.tail) or len(self.ready) >= self._head_limit
             if message.persistent or paging:
                 msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
                                        message.props_raw, message.body, transient=not message.persistent)
@@ -122,14 +185,121 @@ class Queue:
             if paging:
                 self.tail.append(msg_id)
                 self.tail_bytes += len(message.body)
+                if expires:
+                    self._tail_expiry[msg_id] = expires
             else:
-                self.ready.append(Entry(message, next(self._seq), False, msg_id))
+                self.ready.append(Entry(message, next(self._seq), False, msg_id, expires))
                 self.ready_bytes += len(message.body)
         if self.max_length is not None or self.max_length_bytes is not None:
             self._drop_head_to_limits()
-        if self.consumers:
+        if expires:
+            self.expiring = True
+            if self.consumers:
+                self._fresh = message      # deliverable now even with ttl 0, as in RabbitMQ
+                self.dispatch()
+                self._fresh = None
+            self.drop_expired()            # ttl 0: what no consumer took at once is gone
+        elif self.consumers:
             self.dispatch()
         return outcome
+
+    # ---- message expiry (x-message-ttl, expiration) ------------------------------------------
+    def _deadline(self, message: Message) -> float:
+        ttl = self.ttl
+        per_message = message.expiration
+        if per_message is not None and (ttl is None or per_message < ttl):
+            ttl = per_message
+        return monotonic() + ttl / 1000.0
+
+    def _restamp_ttl(self) -> None:
+        """A policy brought or shortened message-ttl: messages already queued get it as well
+        (counted from now, as their arrival time is not kept)."""
+        deadline = monotonic() + self.ttl / 1000.0
+        for entry in self.ready:
+            if not entry.expires or entry.expires > deadline:
+                entry.expires = deadline
+        for msg_id in self.tail:
+            if self._tail_expiry.get(msg_id, deadline + 1) > deadline:
+                self._tail_expiry[msg_id] = deadline
+
+    def drop_expired(self) -> None:
+        """Drop (or dead-letter as "expired") the expired messages at the head, as RabbitMQ does,
+        and arm the timer for the next deadline at the head."""
+        if self.deleted:
+            return
+        now = monotonic()
+        if self.max_priority is not None:
+            dropped = self.ready.drop_while_expired(now)
+            for entry in dropped:
+                self.ready_bytes -= len(entry.message.body)
+        else:
+            dropped = []
+            while True:
+                ready = self.ready
+                if not ready and not (self.tail and self._page_in()):
+                    break
+                head = self.ready[0]
+                if not head.expires or head.expires > now:
+                    break
+                self.ready.popleft()
+                self.ready_bytes -= len(head.message.body)
+                dropped.append(head)
+        if dropped:
+            self._expired(dropped)
+        self._arm_expiry(now)
+
+    def _expired(self, entries: list[Entry]) -> None:
+        if self.dead_letter is not None:
+            self.dead_letter(self, [e.message for e in entries], "expired")
+        self._forget(entries)
+
+    def _next_expiry(self) -> float:
+        if self.max_priority is not None:
+            return self.ready.next_expiry()
+        if self.ready:
+            return self.ready[0].expires
+        if self.tail:
+            deadline = self._tail_expiry.get(self.tail[0], 0.0)
+            if deadline and not self.store.is_durable(self.tail[0]):
+                return max(deadline, monotonic() + 0.05)   # readable once its write lands
+            return deadline
+        return 0.0
+
+    def _arm_expiry(self, now: float) -> None:
+        deadline = self._next_expiry()
+        timer = self._expiry_timer
+        if not deadline:
+            if timer is not None:
+                timer.cancel()
+                self._expiry_timer = None
+            return
+        if timer is not None:
+            if self._expiry_at <= deadline:
+                return          # fires first; it re-arms for whatever is at the head then
+            timer.cancel()
+        self._expiry_at = deadline
+        self._expiry_timer = call_later(deadline - now, self._on_expiry_timer)
+
+    def _on_expiry_timer(self) -> None:
+        self._expiry_timer = None
+        self.drop_expired()
+
+    # ---- queue expiry (x-expires) --------------------------------------------------------------
+    def touch(self) -> None:
+        """The queue was used (declared, basic.get, its last consumer left): restart x-expires."""
+        if self._unused_timer is not None:
+            self._unused_timer.cancel()
+            self._unused_timer = None
+        if self.expires is None or self.consumers or self.deleted:
+            return
+        self._unused_timer = call_later(self.expires / 1000.0, self._on_unused_timer)
+
+    def _on_unused_timer(self) -> None:
+        self._unused_timer = None
+        if self.deleted or self.consumers:
+            return
+        if self._on_unused is not None:
+            self._on_unused(self)
 
     def _would_overflow(self, message: Message) -> bool:
         if self.max_length is not None and self.message_count >= self.max_length:
@@ -152,6 +322,9 @@ class Queue:
 
     def _forget(self, entries) -> None:
         """These entries leave the queue for good: tell the store."""
+        if self._returns:
+            for entry in entries:
+                self._returns.pop(entry, None)
         if self.store is not None:
             ids = [e.msg_id for e in entries if e.msg_id]
             if ids:
@@ -168,19 +341,48 @@ class Queue:
             if not store.is_durable(msg_id):
                 break
             tail.popleft()
-            exchange, routing_key, props_raw, body, delivered = store.read(msg_id)
-            props = PropertyView(props_raw)
-            message = Message(exchange, routing_key, props_raw, body, props.delivery_mode == 2,
-                              props.priority, props.expiration)
-            self.tail_bytes -= len(body)
-            self.ready.append(Entry(message, next(self._seq), delivered, msg_id))
-            self.ready_bytes += len(body)
+            entry = self._load(msg_id)
+            self.tail_bytes -= len(entry.message.body)
+            self.ready.append(entry)
+            self.ready_bytes += len(entry.message.body)
             moved += 1
         return moved > 0
 
+    def _load(self, msg_id: int) -> Entry:
+        """A logged message read back from the store."""
+        exchange, routing_key, props_raw, body, delivered = self.store.read(msg_id)
+        props = PropertyView(props_raw)
+        message = Message(exchange, routing_key, props_raw, body, props.delivery_mode == 2,
+                          props.priority, expiration_ms(props.expiration))
+        expires = 0.0
+        if self._tail_expiry:
+            expires = self._tail_expiry.pop(msg_id, 0.0)
+        if msg_id <= self._restored_upto and (self.ttl is not None or message.expiration is not None):
+            # Recovered after a restart: the time it arrived is not in the log, so its
+            # TTL counts from when the node started.
+            ttl = self.ttl
+            if message.expiration is not None and (ttl is None or message.expiration < ttl):
+                ttl = message.expiration
+            expires = self._restored_at + ttl / 1000.0
+            self.expiring = True
+        return Entry(message, next(self._seq), delivered, msg_id, expires)
+
     def restore(self, messages: list[tuple[int, bool]]) -> None:
-        """Recovered messages (ids in order): they start paged out and are read on demand."""
-        self.tail.extend(msg_id for msg_id, _delivered in messages)
+        """Recovered messages (ids in order): they start paged out and are read on demand
+        (a priority queue reads them all now: it keeps everything in memory)."""
+        if messages:
+            self._restored_upto = messages[-1][0]
+            self._restored_at = monotonic()
+        if self.max_priority is None:
+            self.tail.extend(msg_id for msg_id, _delivered in messages)
+        else:
+            for msg_id, _delivered in messages:
+                entry = self._load(msg_id)
+                self.ready.append(entry)
+                self.ready_bytes += len(entry.message.body)
+        if self.expiring:
+            self.drop_expired()
+        self.touch()
 
     def requeue(self, entries: list[Entry]) -> None:
         """Put delivered entries back at their original positions, flagged redelivered."""
@@ -189,22 +391,54 @@ class Queue:
         if self.deleted:
             self._forget(entries)
             return
+        if self.delivery_limit is not None:
+            entries = self._within_delivery_limit(entries)
+            if not entries:
+                return
         for entry in entries:
             entry.redelivered = True
             self.ready_bytes += len(entry.message.body)
         self.unacked -= len(entries)
         entries.sort()
         ready = self.ready
-        if not ready or entries[-1].seq < ready[0].seq:
+        if self.max_priority is not None:
+            ready.put_back(entries)
+        elif not ready or entries[-1].seq < ready[0].seq:
             ready.extendleft(reversed(entries))
         else:
             self.ready = deque(heapq.merge(entries, ready))
+        if self.expiring:
+            self.drop_expired()
         if self.consumers:
             self.dispatch()
+
+    def _within_delivery_limit(self, entries: list[Entry]) -> list[Entry]:
+        """x-delivery-limit: a message returned more than `limit` times is dead-lettered
+        ("delivery_limit") or dropped instead of requeued, as a quorum queue does."""
+        limit = self.delivery_limit
+        returns = self._returns
+        keep, over = [], []
+        for entry in entries:
+            count = returns.get(entry, 0) + 1
+            if count > limit:
+                over.append(entry)
+            else:
+                returns[entry] = count
+                keep.append(entry)
+        if over:
+            self.unacked -= len(over)
+            if self.dead_letter is not None:
+                self.dead_letter(self, [e.message for e in over], "delivery_limit")
+            self._forget(over)
+        return keep
 
     # ---- messages out ---------------------------------------------------------
     def take(self, no_ack: bool) -> Entry | None:
         """Pop the head for basic.get (prefetch does not apply, QOS-3)."""
+        if self._unused_timer is not None:
+            self.touch()
+        if self.expiring:
+            self.drop_expired()
         if not self.ready and not (self.tail and self._page_in()):
             return None
         entry = self.ready.popleft()
@@ -237,12 +471,16 @@ class Queue:
         """Push ready messages to consumers that can take them, round-robin."""
         if self._dispatching:
             return
+        if self.single_active or self._groups is not None:
+            self._dispatch_selected()
+            return
         self._dispatching = True
         try:
             if self.tail and len(self.ready) < HEAD_LIMIT // 2:
                 self._page_in()
             ready = self.ready
             consumers = self.consumers
+            expiring = self.expiring
             while consumers and (ready or (self.tail and self._page_in())):
                 for _ in range(len(consumers)):
                     consumer = consumers[0]
@@ -254,6 +492,11 @@ class Queue:
                 ready = self.ready   # requeue may have replaced the deque
                 entry = ready.popleft()
                 self.ready_bytes -= len(entry.message.body)
+                if expiring and entry.expires and entry.expires <= monotonic() \
+                        and entry.message is not self._fresh:
+                    self._expired([entry])
+                    ready = self.ready
+                    continue
                 if len(consumers) > 1:
                     consumers.rotate(-1)
                 self._delivered(entry, consumer.no_ack)
@@ -261,6 +504,49 @@ class Queue:
                 ready = self.ready
         finally:
             self._dispatching = False
+
+    def _dispatch_selected(self) -> None:
+        """dispatch() for x-single-active-consumer and consumer priorities (x-priority)."""
+        self._dispatching = True
+        try:
+            if self.tail and len(self.ready) < HEAD_LIMIT // 2:
+                self._page_in()
+            while self.consumers and (self.ready or (self.tail and self._page_in())):
+                consumer = self._next_consumer()
+                if consumer is None:
+                    return
+                entry = self.ready.popleft()
+                self.ready_bytes -= len(entry.message.body)
+                if entry.expires and entry.expires <= monotonic() and entry.message is not self._fresh:
+                    self._expired([entry])
+                    continue
+                self._delivered(entry, consumer.no_ack)
+                consumer.channel.deliver(consumer, entry)
+        finally:
+            self._dispatching = False
+
+    def _next_consumer(self) -> Consumer | None:
+        if self.single_active:
+            # RabbitMQ 3.10 classic queues: the earliest consumer is the active one
+            active = self.consumers[0]
+            return active if active.can_take() else None
+        # highest priority first; round-robin among equals; lower ones only while those are full
+        for group in self._groups:
+            for _ in range(len(group)):
+                consumer = group[0]
+                group.rotate(-1)
+                if consumer.can_take():
+                    return consumer
+        return None
+
+    def _regroup(self) -> None:
+        if not any(c.priority for c in self.consumers):
+            self._groups = None
+            return
+        by_priority: dict[int, deque] = {}
+        for consumer in self.consumers:
+            by_priority.setdefault(consumer.priority, deque()).append(consumer)
+        self._groups = [by_priority[p] for p in sorted(by_priority, reverse=True)]
 
     # ---- consumers --------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -272,6 +558,10 @@ class Queue:
                             f"queue '{self.name}' in vhost '{self.vhost}' in exclusive use", 60, 20)
         self.consumers.append(consumer)
         self._had_consumers = True
+        if consumer.priority or self._groups is not None:
+            self._regroup()
+        if self._unused_timer is not None:
+            self.touch()
         self.dispatch()
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -279,8 +569,15 @@ class Queue:
             self.consumers.remove(consumer)
         except ValueError:
             return
+        if self._groups is not None:
+            self._regroup()
         if not self.consumers and self.auto_delete and self._had_consumers and self._on_unused:
             self._on_unused(self)
+            return
+        if not self.consumers and self.expires is not None:
+            self.touch()
+        if self.single_active and self.consumers:
+            self.dispatch()     # hand over to the next consumer
 
     # ---- whole queue --------------------------------------------------------------
     def purge(self) -> int:
@@ -290,16 +587,51 @@ class Queue:
             self.store.ack(self.store_id, list(self.tail))
         self.ready.clear()
         self.tail.clear()
+        self._tail_expiry.clear()
         self.ready_bytes = self.tail_bytes = 0
         return count
 
     def mark_deleted(self) -> list[Consumer]:
         """Forget every message; return the consumers to notify with basic.cancel."""
         self.deleted = True
+        for timer in (self._expiry_timer, self._unused_timer):
+            if timer is not None:
+                timer.cancel()
+        self._expiry_timer = self._unused_timer = None
         consumers = list(self.consumers)
         self.consumers.clear()
+        self._groups = None
         self.purge()
+        self._returns.clear()
         return consumers
+
+
+def consumer_priority(arguments: dict | None, queue: "Queue") -> int:
+    """basic.consume's x-priority argument, or RabbitMQ's 406 for a bad one."""
+    value = (arguments or {}).get("x-priority")
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AMQPError(ReplyCode.PRECONDITION_FAILED,
+                        f"invalid arg 'x-priority' for {queue.describe()}: "
+                        f"\"expected integer, got {_field_type(value)}\"", 60, 20)
+    return value
+
+
+def _field_type(value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "signedint"
+    if isinstance(value, (str, bytes)):
+        return "longstr"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, list):
+        return "array"
+    return "void" if value is None else type(value).__name__
 
 
 def _int_arg(arguments: dict, name: str) -> int | None:

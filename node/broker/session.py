@@ -29,6 +29,7 @@ class Session:
         self.exclusive_queues: set = set()
         self.vhost = None
         self.user: str | None = None
+        self.access = None            # permissions in the vhost (ERR-3), set at connection.open
         self.writable = True
         self.pending_bytes = 0
         self.starved = False
@@ -43,6 +44,8 @@ class Session:
         self.blocked = False          # reading paused by an alarm (ERR-4)
         self.set_reading = _nothing_bool   # set by the server: pause (False) or resume (True) reading
         broker.sessions.add(self)
+        self.key = f"{broker.node_name}/{id(self):x}"   # this connection, as the cluster names it
+        broker.sessions_by_key[self.key] = self
 
     # ---- properties the channels use ------------------------------------------------------
     @property
@@ -186,6 +189,7 @@ class Session:
         elif kind is ev.ConnectionOpened:
             self.user = event.user
             self.vhost = self.broker.vhost(event.vhost)
+            self.access = self.broker.access(event.user, event.vhost)
             self.log = self.log.bind(vhost=event.vhost, user=event.user)
             self.log.info("connection opened", client=_client_name(event.client_properties))
             if self.broker.alarms:
@@ -193,6 +197,11 @@ class Session:
         elif kind is ev.ConnectionClosedByPeer:
             self.log.info("connection closed by client")
             self.teardown()
+
+    def fail_channel(self, channel_id: int, err: AMQPError) -> None:
+        """Close a channel (or the connection, for a connection error) from outside its frames."""
+        if not self.closed:
+            self._fail(channel_id, err)
 
     def _fail(self, channel_id: int, err: AMQPError) -> None:
         if err.is_channel_error and channel_id and channel_id in self.channels:
@@ -237,18 +246,28 @@ class Session:
             return
         self.closed = True
         self.broker.sessions.discard(self)
+        self.broker.sessions_by_key.pop(self.key, None)
         channels = list(self.channels.values())
         self.channels.clear()
         for channel in channels:
             channel.teardown()
+        cluster = self.broker.cluster
         for queue in list(self.exclusive_queues):
             if self.vhost is not None and self.vhost.queues.get(queue.name) is queue:
-                self.vhost.remove_queue(queue)
+                if cluster is not None:     # every node drops its record of it
+                    cluster.submit({"op": "queue.delete", "vhost": self.vhost.name, "name": queue.name,
+                                    "if_unused": False, "if_empty": False, "owner": self.key}, _ignore)
+                else:
+                    self.vhost.remove_queue(queue)
         self.exclusive_queues.clear()
         self._confirm_channels.clear()
 
 
 def _nothing() -> None:
+    return None
+
+
+def _ignore(*_args) -> None:
     return None
 
 

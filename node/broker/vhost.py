@@ -16,7 +16,10 @@ from ..protocol.properties import decode_properties, encode_properties
 from ..protocol.replies import AMQPError, ReplyCode
 from .message import Message
 from .exchange import BindingArgumentError, Exchange, ExchangeType, route
-from .queue import OVERFLOWS, Queue
+from .expiry import MAX_TTL_MS
+from .policy import Policy, winning
+from .priority import MAX_PRIORITY
+from .queue import OVERFLOWS, Queue, _field_type
 
 PREDECLARED = (
     ("", ExchangeType.DIRECT),
@@ -30,7 +33,7 @@ PREDECLARED = (
 EXCHANGE_ARGS_CHECKED = ("alternate-exchange",)
 QUEUE_ARGS_CHECKED = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow",
                       "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
-                      "x-single-active-consumer", "x-queue-type", "x-queue-mode")
+                      "x-single-active-consumer", "x-queue-type", "x-queue-mode", "x-delivery-limit")
 
 
 def server_name(prefix: str) -> str:
@@ -61,6 +64,7 @@ class VHost:
         self.persistence = persistence or Persistence()
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
+        self.policies: dict[str, Policy] = {}
         self._headers_exchanges: list[Exchange] = []
         self.on_queue_deleted: Callable[[Queue], None] | None = None
         for xname, xtype in PREDECLARED:
@@ -207,7 +211,7 @@ class VHost:
         queue = self.queues.get(name)
         if queue is None:
             raise _err(ReplyCode.NOT_FOUND, f"no {self._where('queue', name)}", method)
-        if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
+        if not owned_by(queue, owner):
             raise self._locked(name, method)
         return queue
 
@@ -218,17 +222,20 @@ class VHost:
                     "match that of the original declaration.", method)
 
     def declare_queue(self, name: str, passive: bool, durable: bool, exclusive: bool, auto_delete: bool,
-                      arguments: dict, owner, method=None) -> Queue:
+                      arguments: dict, owner, method=None, server_named: bool = False,
+                      store_id: int | None = None) -> Queue:
         if passive:
-            return self.queue(name, owner, method)
+            queue = self.queue(name, owner, method)
+            queue.touch()          # a declare renews x-expires, as in RabbitMQ
+            return queue
         if name == "":
             name = server_name("amq.gen-")
-        elif name.startswith("amq."):
+        elif name.startswith("amq.") and not server_named:
             raise _err(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", method)
         arguments = dict(arguments or {})
         existing = self.queues.get(name)
         if existing is not None:
-            if existing.exclusive_owner is not None and existing.exclusive_owner is not owner:
+            if not owned_by(existing, owner):
                 raise self._locked(name, method)
             what = self._where("queue", name)
             for field, received, current in (("durable", durable, existing.durable),
@@ -241,35 +248,50 @@ class VHost:
                                f"inequivalent arg '{field}' for {what}: received '{_fmt(received)}' "
                                f"but current is '{_fmt(current)}'", method)
             _check_args(what, arguments, existing.arguments, QUEUE_ARGS_CHECKED, method)
+            existing.touch()
             return existing
         _validate_queue_args(self._where("queue", name), arguments, method)
         logged = durable and not exclusive
+        if store_id is None:
+            store_id = self.persistence.new_queue_id() if logged else 0
         try:
-            queue = self.add_queue(name, durable, owner if exclusive else None, auto_delete, arguments,
-                                   self.persistence.new_queue_id() if logged else 0)
+            queue = self.add_queue(name, durable, owner if exclusive else None, auto_delete, arguments, store_id)
         except AMQPError as err:
             raise _err(err.code, err.text.split(" - ", 1)[-1], method) from None
         if logged:
             self.persistence.changed()
         return queue
 
+    def validate_new_queue(self, name: str, arguments: dict, method=None) -> None:
+        """The checks a new queue's declaration must pass (for a queue homed on another node)."""
+        _validate_queue_args(self._where("queue", name), dict(arguments or {}), method)
+
     def add_queue(self, name: str, durable: bool, owner, auto_delete: bool, arguments: dict,
                   store_id: int) -> Queue:
         queue = Queue(name, self.name, durable=durable, exclusive_owner=owner, auto_delete=auto_delete,
                       arguments=arguments, on_unused=self._auto_delete_queue,
                       store=self.persistence.store if store_id else None, store_id=store_id)
-        if arguments.get("x-dead-letter-exchange") is not None:
-            queue.dead_letter = self.dead_letter
+        queue.set_dead_letter_handler(self.dead_letter)
         self.queues[name] = queue
+        policy = winning(self.policies.values(), "queue", name)
+        if policy is not None:
+            queue.apply_policy(policy.definition)
+        queue.touch()
         return queue
 
+    def apply_policies(self) -> None:
+        """The vhost's policies changed: give every queue the definition that now wins."""
+        for queue in list(self.queues.values()):
+            policy = winning(self.policies.values(), "queue", queue.name)
+            queue.apply_policy(policy.definition if policy is not None else None)
+
     def dead_letter(self, queue: Queue, messages: list, reason: str) -> None:
-        """Republish messages a queue lets go (rejected, maxlen) to its dead-letter exchange."""
-        dlx = _text(queue.arguments.get("x-dead-letter-exchange"))
-        exchange = self.exchanges.get(dlx)
+        """Republish messages a queue lets go (rejected, maxlen, expired, delivery_limit) to its
+        dead-letter exchange, with x-death as RabbitMQ writes it."""
+        exchange = self.exchanges.get(_text(queue.dlx))
         if exchange is None:
             return
-        dl_key = _text(queue.arguments.get("x-dead-letter-routing-key"))
+        dl_key = _text(queue.dlx_routing_key)
         for message in messages:
             routing_key = dl_key if dl_key is not None else message.routing_key
             props = decode_properties(message.props_raw)
@@ -297,8 +319,8 @@ class VHost:
             dead = Message(exchange.name, routing_key, encode_properties(props), message.body,
                            message.persistent, message.priority, None)
             for target in self.route(exchange, routing_key, headers):
-                if target is queue and reason != "rejected":
-                    continue   # a cycle: RabbitMQ drops it
+                if reason != "rejected" and _is_cycle(target.name, deaths):
+                    continue   # a cycle: RabbitMQ drops it for that queue
                 target.publish(dead)
 
     def _auto_delete_queue(self, queue: Queue) -> None:
@@ -309,7 +331,7 @@ class VHost:
         queue = self.queues.get(name)
         if queue is None:
             return 0
-        if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
+        if not owned_by(queue, owner):
             raise self._locked(name, method)
         if if_unused and queue.consumer_count:
             raise _err(ReplyCode.PRECONDITION_FAILED, f"{self._where('queue', name)} in use", method)
@@ -338,6 +360,27 @@ def _text(value):
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _is_cycle(queue_name: str, deaths: list) -> bool:
+    """rabbit_dead_letter:is_cycle/2: the queue is already in the message's x-death and no
+    death since then (itself included) was a reject, so the loop is fully automatic."""
+    for death in deaths:
+        if _text(death.get("reason")) == "rejected":
+            return False
+        if _text(death.get("queue")) == queue_name:
+            return True
+    return False
+
+
+def owned_by(queue, owner) -> bool:
+    """May `owner` (a connection) use this queue? Exclusive queues belong to one connection,
+    known by object here and by key across the cluster."""
+    held = queue.exclusive_owner
+    if held is None or held is owner:
+        return True
+    key = getattr(held, "key", None)
+    return key is not None and key == getattr(owner, "key", None)
+
+
 def is_durable(destination) -> bool:
     if isinstance(destination, Exchange):
         return destination.durable
@@ -364,13 +407,36 @@ def _check_args(what: str, received: dict, current: dict, checked, method) -> No
 
 
 def _validate_queue_args(what: str, arguments: dict, method) -> None:
-    for key in ("x-max-length", "x-max-length-bytes", "x-message-ttl", "x-expires", "x-max-priority"):
+    """rabbit_amqqueue:declare_args/0, with RabbitMQ's texts."""
+    for key in ("x-max-length", "x-max-length-bytes", "x-message-ttl", "x-expires", "x-max-priority",
+                "x-delivery-limit"):
         value = arguments.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or \
-                (key == "x-expires" and value == 0):
-            raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg '{key}' for {what}: {value!r}", method)
+        problem = None
+        if isinstance(value, bool) or not isinstance(value, int):
+            problem = f'"expected integer, got {_field_type(value)}"'
+        elif value < 0:
+            problem = f"{{value_negative,{value}}}"
+        elif key == "x-expires" and value == 0:
+            problem = f"{{value_zero,{value}}}"
+        elif key in ("x-message-ttl", "x-expires") and value > MAX_TTL_MS:
+            problem = f"{{value_too_large,{value}}}"
+        elif key == "x-max-priority" and value > MAX_PRIORITY:
+            problem = f"{{max_value_exceeded,{value}}}"
+        if problem is not None:
+            raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg '{key}' for {what}: {problem}", method)
+    sac = arguments.get("x-single-active-consumer")
+    if sac is not None and not isinstance(sac, bool):
+        raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg 'x-single-active-consumer' for {what}: "
+                   f"{{unacceptable_type,{_field_type(sac)}}}", method)
+    dlx = arguments.get("x-dead-letter-exchange")
+    if dlx is not None and not isinstance(dlx, (str, bytes)):
+        raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid type '{_field_type(dlx)}' for arg "
+                   f"'x-dead-letter-exchange' in {what}", method)
+    if arguments.get("x-dead-letter-routing-key") is not None and dlx is None:
+        raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-routing-key' for {what}: "
+                   "routing_key_but_no_dlx_defined", method)
     overflow = arguments.get("x-overflow")
     if isinstance(overflow, bytes):
         overflow = overflow.decode()

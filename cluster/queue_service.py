@@ -1,0 +1,180 @@
+"""The home node's side of a remote queue link: one stream per (client channel, queue).
+
+A `LinkChannel` stands in for the client's channel towards the local queue:
+the queue delivers to it as to any channel, it numbers deliveries, keeps
+them until the client node acks, requeues or rejects them, and requeues
+whatever is left when the stream ends (the client channel closed or its node
+died, ACK-6). Publishes on the stream are confirmed back when the queue says
+they are safe (in memory, or fsynced when persistent to a durable queue).
+"""
+from __future__ import annotations
+
+import asyncio
+
+from node.broker.queue import LOGGED, SAFE, Consumer, Queue
+from node.protocol.replies import AMQPError, ReplyCode
+
+from .remote_queue import ACK, DISCARD, REQUEUE, message_from_pb, message_to_pb
+from .rpc import cluster_pb2 as pb
+
+MAX_PENDING_EVENTS = 2000
+
+
+class LinkChannel:
+    def __init__(self, queue: Queue, events: asyncio.Queue):
+        self.queue = queue
+        self.events = events
+        self.next_id = 1
+        self.unacked: dict[int, tuple] = {}     # id -> (entry, consumer or None)
+        self.consumers: dict[str, Consumer] = {}
+        self.closed = False
+        self.starved = False
+
+    # the interface a Queue uses towards a channel
+    def can_deliver(self) -> bool:
+        if self.closed:
+            return False
+        if self.events.qsize() >= MAX_PENDING_EVENTS:
+            self.starved = True
+            return False
+        return True
+
+    def deliver(self, consumer: Consumer, entry) -> None:
+        delivery_id = self._remember(entry, consumer, consumer.no_ack)
+        if not consumer.no_ack:
+            consumer.unacked += 1
+        self._emit(pb.QueueEvent(delivery=pb.QueueEvent.Delivery(
+            tag=consumer.tag, id=delivery_id, redelivered=entry.redelivered, message=message_to_pb(entry.message),
+            message_count=self.queue.message_count)))
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        if self.consumers.pop(consumer.tag, None) is not None:
+            self._emit(pb.QueueEvent(cancelled=pb.QueueEvent.Cancelled(tag=consumer.tag)))
+
+    def _remember(self, entry, consumer, no_ack: bool) -> int:
+        delivery_id = self.next_id
+        self.next_id += 1
+        if not no_ack:
+            self.unacked[delivery_id] = (entry, consumer)
+        return delivery_id
+
+    def _emit(self, event) -> None:
+        self.events.put_nowait(event)
+
+    # calls from the client node
+    def handle(self, call) -> None:
+        kind = call.WhichOneof("call")
+        queue = self.queue
+        if kind == "publish":
+            seq = call.publish.seq
+            outcome = queue.publish(message_from_pb(call.publish.message))
+            if seq:
+                if outcome == LOGGED:
+                    queue.store.when_durable(self._durable, seq)
+                else:
+                    self._confirm(seq, outcome == SAFE)
+        elif kind == "get":
+            entry = queue.take(call.get.no_ack)
+            if entry is None:
+                self._emit(pb.QueueEvent(empty=pb.QueueEvent.Empty()))
+            else:
+                delivery_id = self._remember(entry, None, call.get.no_ack)
+                self._emit(pb.QueueEvent(delivery=pb.QueueEvent.Delivery(
+                    tag="", id=delivery_id, redelivered=entry.redelivered, message=message_to_pb(entry.message),
+                    message_count=queue.message_count)))
+        elif kind == "consume":
+            c = call.consume
+            if queue.consumers and (c.exclusive or any(x.exclusive for x in queue.consumers)):
+                raise AMQPError(ReplyCode.ACCESS_REFUSED,
+                                f"queue '{queue.name}' in vhost '{queue.vhost}' in exclusive use", 60, 20)
+            consumer = Consumer(c.tag, self, queue, c.no_ack, c.exclusive, c.prefetch, {})
+            self.consumers[c.tag] = consumer
+            queue.add_consumer(consumer)
+        elif kind == "cancel":
+            consumer = self.consumers.pop(call.cancel.tag, None)
+            if consumer is not None:
+                queue.remove_consumer(consumer)
+        elif kind == "settle":
+            self._settle(call.settle.ids, call.settle.mode)
+
+    def _settle(self, ids, mode: int) -> None:
+        entries = []
+        for delivery_id in ids:
+            item = self.unacked.pop(delivery_id, None)
+            if item is None:
+                continue
+            entry, consumer = item
+            if consumer is not None:
+                consumer.unacked -= 1
+            entries.append(entry)
+        if not entries:
+            return
+        if mode == REQUEUE:
+            self.queue.requeue(entries)
+        elif mode == DISCARD:
+            self.queue.reject(entries)
+        else:
+            self.queue.settle(entries)
+        if self.queue.consumers:
+            self.queue.dispatch()
+
+    def _confirm(self, seq: int, ok: bool) -> None:
+        self._emit(pb.QueueEvent(confirm=pb.QueueEvent.Confirm(seqs=[seq], ok=ok)))
+
+    def _durable(self, ok: bool, seq: int) -> None:
+        if not self.closed:
+            self._confirm(seq, ok)
+
+    def close(self) -> None:
+        """The stream ended: cancel consumers, requeue what the client never settled."""
+        if self.closed:
+            return
+        self.closed = True
+        for consumer in list(self.consumers.values()):
+            self.queue.remove_consumer(consumer)
+        self.consumers.clear()
+        entries = [entry for entry, _consumer in self.unacked.values()]
+        self.unacked.clear()
+        if entries:
+            self.queue.requeue(entries)
+
+
+async def serve_link(broker, request_iterator, context):
+    """The QueueSession handler: yields events while a task handles the calls."""
+    events: asyncio.Queue = asyncio.Queue()
+    first = await request_iterator.__anext__()
+    if first.WhichOneof("call") != "open":
+        yield pb.QueueEvent(error=pb.QueueEvent.Error(code=503, text="COMMAND_INVALID - link not opened"))
+        return
+    vhost = broker.vhosts.get(first.open.vhost)
+    queue = vhost.queues.get(first.open.queue) if vhost is not None else None
+    if not isinstance(queue, Queue) or queue.deleted:
+        yield pb.QueueEvent(error=pb.QueueEvent.Error(
+            code=404, text=f"NOT_FOUND - no queue '{first.open.queue}' in vhost '{first.open.vhost}'"))
+        return
+    link = LinkChannel(queue, events)
+
+    async def handle_calls():
+        try:
+            async for call in request_iterator:
+                try:
+                    link.handle(call)
+                except AMQPError as err:
+                    events.put_nowait(pb.QueueEvent(error=pb.QueueEvent.Error(code=int(err.code), text=err.text)))
+        finally:
+            link.close()
+            events.put_nowait(None)
+
+    task = asyncio.ensure_future(handle_calls())
+    try:
+        while True:
+            event = await events.get()
+            if event is None:
+                break
+            yield event
+            if link.starved and events.qsize() < MAX_PENDING_EVENTS // 2:
+                link.starved = False
+                queue.dispatch()
+    finally:
+        task.cancel()
+        link.close()

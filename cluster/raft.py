@@ -1,0 +1,376 @@
+"""Raft for the cluster's metadata: one total order of changes, agreed by a majority.
+
+Why Raft: the metadata (vhosts, users, exchanges, queues and their home
+nodes, bindings, policies) must be the same on every node, in the same
+order, and must survive the loss of a minority without two nodes ever
+disagreeing about a queue's home. Raft gives exactly that with a leader
+that commits an entry once a majority has it on disk; it is small enough to
+read in one sitting, and its election rule (only a node with every committed
+entry can win) is what makes a failover safe. Log compaction is not needed
+yet: metadata changes are few.
+
+The log and the vote live in DATA_DIR/raft: `state.json` (term, vote) and
+`log.jsonl` (one entry per line), appended and fsynced off the event loop
+before a vote or an append is answered.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import grpc
+import structlog
+
+from .rpc import cluster_pb2 as pb
+
+HEARTBEAT = 0.15
+ELECTION_MIN, ELECTION_MAX = 0.6, 1.2
+PROPOSE_TIMEOUT = 10.0
+
+
+class NotLeader(Exception):
+    """No leader is known (an election is under way, or no majority)."""
+
+
+class RaftStorage:
+    """The durable part of Raft: current term, vote, and the log."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.state_path = self.directory / "state.json"
+        self.log_path = self.directory / "log.jsonl"
+        self.term = 0
+        self.voted_for: str | None = None
+        self.entries: list[tuple[int, bytes]] = []    # (term, command); index = position + 1
+        if self.state_path.exists():
+            state = json.loads(self.state_path.read_text())
+            self.term, self.voted_for = state["term"], state.get("voted_for")
+        if self.log_path.exists():
+            for line in self.log_path.read_text().splitlines():
+                try:
+                    item = json.loads(line)
+                except ValueError:
+                    break   # a torn last line: it was never acknowledged to anyone
+                del self.entries[item["i"] - 1:]
+                self.entries.append((item["t"], item["c"].encode()))
+
+    def save_state(self) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            json.dump({"term": self.term, "voted_for": self.voted_for}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.state_path)
+
+    def append(self, start: int, entries: list[tuple[int, bytes]]) -> None:
+        """Write entries from index `start` (replacing any conflicting suffix) and fsync."""
+        truncated = start <= len(self.entries)
+        del self.entries[start - 1:]
+        self.entries.extend(entries)
+        if truncated:   # rewrite: rare (a follower dropping an uncommitted suffix)
+            lines = [json.dumps({"i": i + 1, "t": t, "c": c.decode()}) for i, (t, c) in enumerate(self.entries)]
+            tmp = self.log_path.with_suffix(".tmp")
+            with open(tmp, "w") as fh:
+                fh.write("".join(line + "\n" for line in lines))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.log_path)
+            return
+        with open(self.log_path, "a") as fh:
+            for offset, (t, c) in enumerate(entries):
+                fh.write(json.dumps({"i": start + offset, "t": t, "c": c.decode()}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    @property
+    def last_index(self) -> int:
+        return len(self.entries)
+
+    @property
+    def last_term(self) -> int:
+        return self.entries[-1][0] if self.entries else 0
+
+    def term_at(self, index: int) -> int:
+        return self.entries[index - 1][0] if 0 < index <= len(self.entries) else 0
+
+
+class Raft:
+    def __init__(self, name: str, membership, storage: RaftStorage,
+                 apply: Callable[[int, bytes], object]):
+        self.name = name
+        self.membership = membership
+        self.storage = storage
+        self.apply = apply
+        self.role = "follower"
+        self.leader: str | None = None
+        self.commit_index = 0
+        self.last_applied = 0
+        self.next_index: dict[str, int] = {}
+        self.match_index: dict[str, int] = {}
+        self.log = structlog.get_logger("haremq.raft").bind(node=name)
+        self._deadline = self._new_deadline()
+        self._waiters: dict[int, asyncio.Future] = {}
+        self._io = asyncio.Lock()
+        self._tasks: list[asyncio.Task] = []
+        self._replicating: set[str] = set()
+
+    # ---- lifetime -----------------------------------------------------------------------
+    async def start(self) -> None:
+        if not self.membership.peers:        # a cluster of one commits on its own
+            await self._become_leader()
+        self._tasks.append(asyncio.create_task(self._run()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    @property
+    def term(self) -> int:
+        return self.storage.term
+
+    def _new_deadline(self) -> float:
+        return time.monotonic() + random.uniform(ELECTION_MIN, ELECTION_MAX)
+
+    def _majority(self) -> int:
+        return self.membership.size // 2 + 1
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT / 3 if self.role != "leader" else HEARTBEAT)
+            try:
+                if self.role == "leader":
+                    for peer in list(self.membership.peers.values()):
+                        if peer.name not in self._replicating:
+                            self._replicating.add(peer.name)
+                            asyncio.ensure_future(self._replicate(peer))
+                elif time.monotonic() > self._deadline and self.membership.has_majority:
+                    await self._elect()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep the consensus loop alive whatever one round did
+                self.log.exception("raft round failed")
+
+    # ---- elections ------------------------------------------------------------------------
+    async def _persist_state(self) -> None:
+        async with self._io:
+            await asyncio.to_thread(self.storage.save_state)
+
+    async def _step_down(self, term: int) -> None:
+        if term > self.storage.term:
+            self.storage.term = term
+            self.storage.voted_for = None
+            await self._persist_state()
+        if self.role != "follower":
+            self.log.info("raft follower", term=term)
+        self.role = "follower"
+        self._fail_waiters("leadership lost")
+
+    async def _elect(self) -> None:
+        self.role = "candidate"
+        self.storage.term += 1
+        self.storage.voted_for = self.name
+        self.leader = None
+        term = self.storage.term
+        await self._persist_state()
+        self._deadline = self._new_deadline()
+        request = pb.VoteRequest(term=term, candidate=self.name, last_log_index=self.storage.last_index,
+                                 last_log_term=self.storage.last_term)
+        votes = 1
+        calls = [peer.stub.RequestVote(request, timeout=0.5, metadata=self.membership.metadata())
+                 for peer in self.membership.peers.values()]
+        for reply in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(reply, BaseException):
+                continue
+            if reply.term > self.storage.term:
+                await self._step_down(reply.term)
+                return
+            if reply.granted:
+                votes += 1
+        if self.role == "candidate" and self.storage.term == term and votes >= self._majority():
+            await self._become_leader()
+
+    async def _become_leader(self) -> None:
+        self.role = "leader"
+        self.leader = self.name
+        self.next_index = {p: self.storage.last_index + 1 for p in self.membership.peers}
+        self.match_index = {p: 0 for p in self.membership.peers}
+        self.log.info("raft leader", term=self.storage.term)
+        # An entry of our own term lets earlier entries commit (Raft's commitment rule).
+        await self._append_local(json.dumps({"op": "noop", "leader": self.name}).encode())
+        self._advance_commit()
+
+    async def on_request_vote(self, request) -> pb.VoteReply:
+        if request.term > self.storage.term:
+            await self._step_down(request.term)
+        granted = False
+        up_to_date = (request.last_log_term, request.last_log_index) >= (self.storage.last_term,
+                                                                           self.storage.last_index)
+        if request.term == self.storage.term and up_to_date and \
+                self.storage.voted_for in (None, request.candidate):
+            self.storage.voted_for = request.candidate
+            await self._persist_state()
+            granted = True
+            self._deadline = self._new_deadline()
+        return pb.VoteReply(term=self.storage.term, granted=granted)
+
+    # ---- replication ------------------------------------------------------------------------
+    async def _append_local(self, command: bytes) -> int:
+        async with self._io:
+            index = self.storage.last_index + 1
+            await asyncio.to_thread(self.storage.append, index, [(self.storage.term, command)])
+        return index
+
+    async def _replicate(self, peer) -> None:
+        try:
+            while self.role == "leader":
+                term = self.storage.term
+                next_index = self.next_index.get(peer.name, self.storage.last_index + 1)
+                prev = next_index - 1
+                entries = [pb.LogEntry(index=i, term=t, command=c) for i, (t, c) in
+                           enumerate(self.storage.entries[prev:prev + 256], start=next_index)]
+                request = pb.AppendRequest(term=term, leader=self.name, prev_log_index=prev,
+                                           prev_log_term=self.storage.term_at(prev), entries=entries,
+                                           leader_commit=self.commit_index)
+                try:
+                    reply = await peer.stub.AppendEntries(request, timeout=1.0, metadata=self.membership.metadata())
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(HEARTBEAT)
+                    continue
+                if reply.term > self.storage.term:
+                    await self._step_down(reply.term)
+                    return
+                if self.role != "leader" or self.storage.term != term:
+                    return
+                if reply.success:
+                    self.match_index[peer.name] = reply.match_index
+                    self.next_index[peer.name] = reply.match_index + 1
+                    self._advance_commit()
+                    if self.next_index[peer.name] <= self.storage.last_index:
+                        continue
+                else:
+                    self.next_index[peer.name] = max(1, min(next_index - 1, reply.match_index + 1))
+                    continue
+                await self._wait_for_work()
+        finally:
+            self._replicating.discard(peer.name)
+
+    async def _wait_for_work(self) -> None:
+        """Until there is a new entry to send, or the next heartbeat is due."""
+        event = self._new_entry_event()
+        try:
+            await asyncio.wait_for(event.wait(), HEARTBEAT)
+        except asyncio.TimeoutError:
+            pass
+
+    def _new_entry_event(self) -> asyncio.Event:
+        if not hasattr(self, "_entry_event") or self._entry_event.is_set():
+            self._entry_event = asyncio.Event()
+        return self._entry_event
+
+    def _notify_new_entry(self) -> None:
+        if hasattr(self, "_entry_event"):
+            self._entry_event.set()
+
+    def _advance_commit(self) -> None:
+        matches = sorted([self.storage.last_index, *self.match_index.values()], reverse=True)
+        candidate = matches[self._majority() - 1]
+        if candidate > self.commit_index and self.storage.term_at(candidate) == self.storage.term:
+            self.commit_index = candidate
+            self._apply_committed()
+
+    async def on_append_entries(self, request) -> pb.AppendReply:
+        if request.term < self.storage.term:
+            return pb.AppendReply(term=self.storage.term, success=False, match_index=0)
+        if request.term > self.storage.term or self.role != "follower":
+            await self._step_down(request.term)
+        if self.leader != request.leader:
+            self.log.info("raft leader is", leader=request.leader, term=request.term)
+        self.leader = request.leader
+        self._deadline = self._new_deadline()
+        prev = request.prev_log_index
+        if prev > self.storage.last_index or self.storage.term_at(prev) != request.prev_log_term:
+            return pb.AppendReply(term=self.storage.term, success=False,
+                                  match_index=min(prev - 1, self.storage.last_index) if prev else 0)
+        new = []
+        for entry in request.entries:
+            if entry.index <= self.storage.last_index and self.storage.term_at(entry.index) == entry.term:
+                continue
+            new.append(entry)
+        if new:
+            async with self._io:
+                await asyncio.to_thread(self.storage.append, new[0].index,
+                                        [(e.term, bytes(e.command)) for e in new])
+        last = prev + len(request.entries)
+        if request.leader_commit > self.commit_index:
+            self.commit_index = min(request.leader_commit, max(last, self.commit_index))
+            self._apply_committed()
+        return pb.AppendReply(term=self.storage.term, success=True, match_index=last)
+
+    # ---- proposals and applying ------------------------------------------------------------------
+    async def propose(self, command: dict) -> object:
+        """Commit a command cluster-wide; return what applying it here returned."""
+        data = json.dumps(command).encode()
+        if self.role == "leader":
+            index = await self._append_local(data)
+            future = asyncio.get_running_loop().create_future()
+            self._waiters[index] = future
+            self._notify_new_entry()
+            self._advance_commit()
+            return await asyncio.wait_for(future, PROPOSE_TIMEOUT)
+        leader = self.membership.peers.get(self.leader or "")
+        if leader is None:
+            raise NotLeader("no metadata leader is known")
+        reply = await leader.stub.Propose(pb.ProposeRequest(command=data), timeout=PROPOSE_TIMEOUT,
+                                          metadata=self.membership.metadata())
+        if not reply.ok:
+            raise NotLeader(reply.error)
+        await self.wait_applied(reply.index)
+        return json.loads(reply.result) if reply.result else None
+
+    async def wait_applied(self, index: int, timeout: float = PROPOSE_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while self.last_applied < index:
+            if time.monotonic() > deadline:
+                raise NotLeader(f"entry {index} not applied here within {timeout} s")
+            await asyncio.sleep(0.01)
+
+    async def on_propose(self, request) -> pb.ProposeReply:
+        if self.role != "leader":
+            return pb.ProposeReply(ok=False, error="not the leader")
+        try:
+            index = await self._append_local(bytes(request.command))
+            future = asyncio.get_running_loop().create_future()
+            self._waiters[index] = future
+            self._notify_new_entry()
+            self._advance_commit()
+            result = await asyncio.wait_for(future, PROPOSE_TIMEOUT)
+        except (asyncio.TimeoutError, NotLeader) as exc:
+            return pb.ProposeReply(ok=False, error=str(exc) or "not committed in time")
+        return pb.ProposeReply(ok=True, index=index, result=json.dumps(result).encode())
+
+    def _apply_committed(self) -> None:
+        while self.last_applied < self.commit_index:
+            self.last_applied += 1
+            index = self.last_applied
+            _term, command = self.storage.entries[index - 1]
+            try:
+                result = self.apply(index, command)
+            except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the log
+                self.log.exception("applying metadata entry failed", index=index)
+                result = {"error": [541, f"INTERNAL_ERROR - {type(exc).__name__}", 0, 0]}
+            waiter = self._waiters.pop(index, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(result)
+
+    def _fail_waiters(self, reason: str) -> None:
+        for future in self._waiters.values():
+            if not future.done():
+                future.set_exception(NotLeader(reason))
+        self._waiters.clear()

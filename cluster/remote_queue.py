@@ -1,0 +1,239 @@
+"""A handle on a queue whose master lives on another node (MIR-7).
+
+It offers channels what a local `Queue` offers (publish, get, consume, cancel,
+ack, requeue, reject) and carries each over one gRPC stream per (channel,
+queue) pair, so per-channel order holds. Delivery tags stay the client
+channel's own; the home node knows each delivery by its own id, carried in
+the entry.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import grpc
+import structlog
+
+from node.broker.message import Entry, Message
+from node.protocol.frames import shortstr
+from node.protocol.properties import PropertyView
+from node.protocol.replies import AMQPError, ReplyCode
+
+from .rpc import cluster_pb2 as pb
+
+ACK, REQUEUE, DISCARD = 0, 1, 2
+
+
+class RemoteEntry(Entry):
+    """A delivery from a remote queue: `seq` is the home node's delivery id."""
+
+    __slots__ = ("link",)
+
+
+def message_from_pb(m) -> Message:
+    props = PropertyView(m.properties)
+    return Message(m.exchange, m.routing_key, bytes(m.properties), bytes(m.body), props.delivery_mode == 2,
+                   props.priority, props.expiration)
+
+
+def message_to_pb(message: Message) -> pb.Message:
+    return pb.Message(exchange=message.exchange, routing_key=message.routing_key, properties=message.props_raw,
+                      body=message.body)
+
+
+class QueueLink:
+    """One channel's stream to a remote queue's home node."""
+
+    def __init__(self, queue: "RemoteQueue", channel):
+        self.queue = queue
+        self.channel = channel
+        self.calls: asyncio.Queue = asyncio.Queue()
+        self.gets: deque = deque()          # callbacks waiting for a get answer, in order
+        self.consumers: dict[str, object] = {}
+        self.closed = False
+        peer = queue.peers(queue.home)
+        if peer is None or peer.stub is None:
+            raise AMQPError(ReplyCode.NOT_FOUND, f"home node '{queue.home}' of {queue.describe()} is not known")
+        owner = getattr(channel.session, "key", "")
+        self.calls.put_nowait(pb.QueueCall(open=pb.QueueCall.Open(vhost=queue.vhost, queue=queue.name, owner=owner)))
+        self._call = peer.stub.QueueSession(self._requests(), metadata=peer_metadata(queue))
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _requests(self):
+        while True:
+            call = await self.calls.get()
+            if call is None:
+                return
+            yield call
+
+    def send(self, call: pb.QueueCall) -> None:
+        if not self.closed:
+            self.calls.put_nowait(call)
+
+    async def _read(self) -> None:
+        channel = self.channel
+        try:
+            async for event in self._call:
+                kind = event.WhichOneof("event")
+                if kind == "confirm":
+                    if channel.confirms is not None and not channel.closed:
+                        for seq in event.confirm.seqs:
+                            channel.confirms.settle(seq, event.confirm.ok)
+                        channel.session.note_confirms(channel)
+                elif kind == "delivery":
+                    d = event.delivery
+                    entry = RemoteEntry(message_from_pb(d.message), d.id, d.redelivered)
+                    entry.link = self
+                    self.queue.remote_count = d.message_count
+                    if d.tag:
+                        consumer = self.consumers.get(d.tag)
+                        if consumer is not None and not channel.closed:
+                            channel.deliver(consumer, entry)
+                            channel.session.wakeup()
+                        else:   # cancelled meanwhile: give it back
+                            self.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=[d.id], mode=REQUEUE)))
+                    elif self.gets:
+                        self.gets.popleft()(entry, d.message_count)
+                elif kind == "empty":
+                    if self.gets:
+                        self.gets.popleft()(None, 0)
+                elif kind == "cancelled":
+                    consumer = self.consumers.pop(event.cancelled.tag, None)
+                    if consumer is not None:
+                        self.queue.consumers_remove(consumer)
+                        channel.consumer_cancelled_by_broker(consumer)
+                        channel.session.wakeup()
+                elif kind == "error":
+                    err = AMQPError(ReplyCode(event.error.code), event.error.text.split(" - ", 1)[-1])
+                    channel.session.fail_channel(channel.id, err)
+                    channel.session.wakeup()
+        except grpc.aio.AioRpcError as exc:
+            if not self.closed and not channel.closed:
+                structlog.get_logger("haremq.cluster").warning(
+                    "link to queue home lost", queue=self.queue.name, home=self.queue.home, code=exc.code().name)
+                channel.session.fail_channel(channel.id, AMQPError(
+                    ReplyCode.NOT_FOUND, f"home node of {self.queue.describe()} is down", 60, 0))
+                channel.session.wakeup()
+        finally:
+            while self.gets:
+                self.gets.popleft()(None, 0)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.calls.put_nowait(None)
+
+
+def peer_metadata(queue: "RemoteQueue"):
+    return queue.metadata()
+
+
+class RemoteQueue:
+    """The cluster-wide record of a queue homed elsewhere, usable like a local queue."""
+
+    store = None
+    single_active = False     # x-single-active-consumer is enforced by the home node
+
+    def __init__(self, name: str, vhost: str, home: str, peers, durable: bool = False, exclusive_owner=None,
+                 auto_delete: bool = False, arguments: dict | None = None):
+        self.name = name
+        self.vhost = vhost
+        self.home = home
+        self.peers = peers            # name -> Peer
+        self.metadata = lambda: ()
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = dict(arguments or {})
+        self.consumers: deque = deque()
+        self.deleted = False
+        self.remote_count = 0
+        self.unacked = 0
+        self._links: dict[object, QueueLink] = {}
+
+    def __repr__(self) -> str:
+        return f"<RemoteQueue {self.vhost}/{self.name}@{self.home}>"
+
+    def describe(self) -> str:
+        return f"queue '{self.name}' in vhost '{self.vhost}'"
+
+    @property
+    def message_count(self) -> int:
+        return self.remote_count
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    def link(self, channel) -> QueueLink:
+        link = self._links.get(channel)
+        if link is None or link.closed:
+            link = self._links[channel] = QueueLink(self, channel)
+        return link
+
+    def unlink(self, channel) -> None:
+        link = self._links.pop(channel, None)
+        if link is not None:
+            link.close()
+
+    # ---- what a channel does with a queue --------------------------------------------------
+    def publish_from(self, channel, message: Message, seq: int) -> None:
+        self.link(channel).send(pb.QueueCall(publish=pb.QueueCall.Publish(seq=seq, message=message_to_pb(message))))
+
+    def get_from(self, channel, no_ack: bool, answer) -> None:
+        link = self.link(channel)
+        link.gets.append(answer)
+        link.send(pb.QueueCall(get=pb.QueueCall.Get(no_ack=no_ack)))
+
+    def add_consumer(self, consumer) -> None:
+        link = self.link(consumer.channel)
+        link.consumers[consumer.tag] = consumer
+        self.consumers.append(consumer)
+        link.send(pb.QueueCall(consume=pb.QueueCall.Consume(
+            tag=consumer.tag, no_ack=consumer.no_ack, prefetch=consumer.prefetch or 0, exclusive=consumer.exclusive)))
+
+    def consumers_remove(self, consumer) -> None:
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            pass
+
+    def remove_consumer(self, consumer) -> None:
+        self.consumers_remove(consumer)
+        link = self._links.get(consumer.channel)
+        if link is not None and link.consumers.pop(consumer.tag, None) is not None:
+            link.send(pb.QueueCall(cancel=pb.QueueCall.Cancel(tag=consumer.tag)))
+
+    def _settle(self, entries, mode: int) -> None:
+        by_link: dict[QueueLink, list[int]] = {}
+        for entry in entries:
+            by_link.setdefault(entry.link, []).append(entry.seq)
+        for link, ids in by_link.items():
+            link.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=ids, mode=mode)))
+
+    def settle(self, entries) -> None:
+        self._settle(entries, ACK)
+
+    def requeue(self, entries) -> None:
+        self._settle(entries, REQUEUE)
+
+    def reject(self, entries) -> None:
+        self._settle(entries, DISCARD)
+
+    def dispatch(self) -> None:
+        return None      # the home node dispatches
+
+    def touch(self) -> None:
+        return None      # x-expires is the home node's business
+
+    def purge(self) -> int:
+        raise AMQPError(ReplyCode.NOT_IMPLEMENTED, f"purge of {self.describe()} from another node", 50, 30)
+
+    def mark_deleted(self) -> list:
+        self.deleted = True
+        consumers = list(self.consumers)
+        self.consumers.clear()
+        for link in list(self._links.values()):
+            link.close()
+        self._links.clear()
+        return consumers

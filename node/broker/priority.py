@@ -1,0 +1,95 @@
+"""The ready list of a priority queue (`x-max-priority`, PUB-4).
+
+As in RabbitMQ, a priority queue is one FIFO per priority level, 0 up to
+the queue's maximum: the highest non-empty level is served first, FIFO
+within a level, and a message published with a priority above the maximum
+counts as the maximum (no priority counts as 0). A requeued message goes
+back to its own level at its original position.
+
+It stands in for the `deque` of a plain queue (append, popleft, [0], len,
+iteration, clear). Priority queues are kept wholly in memory: they never
+page messages out to the store's `tail` (persistent messages are still
+logged and come back after a restart).
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+MAX_PRIORITY = 255
+
+
+class PriorityReady:
+    __slots__ = ("levels", "max", "_len")
+
+    def __init__(self, max_priority: int):
+        self.max = max_priority
+        self.levels: list[deque] = [deque() for _ in range(max_priority + 1)]
+        self._len = 0
+
+    def level_of(self, entry) -> int:
+        priority = entry.message.priority or 0
+        return priority if priority <= self.max else self.max
+
+    def append(self, entry) -> None:
+        self.levels[self.level_of(entry)].append(entry)
+        self._len += 1
+
+    def popleft(self):
+        for level in reversed(self.levels):
+            if level:
+                self._len -= 1
+                return level.popleft()
+        raise IndexError("pop from an empty priority queue")
+
+    def __getitem__(self, index: int):
+        if index != 0:
+            raise IndexError("only the head of a priority queue can be read")
+        for level in reversed(self.levels):
+            if level:
+                return level[0]
+        raise IndexError("empty priority queue")
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def __iter__(self):
+        for level in reversed(self.levels):
+            yield from level
+
+    def clear(self) -> None:
+        for level in self.levels:
+            level.clear()
+        self._len = 0
+
+    def put_back(self, entries: list) -> None:
+        """Requeue: each entry to its level, at its original position (entries sorted by seq)."""
+        by_level: dict[int, list] = {}
+        for entry in entries:
+            by_level.setdefault(self.level_of(entry), []).append(entry)
+        for index, items in by_level.items():
+            level = self.levels[index]
+            if not level or items[-1].seq < level[0].seq:
+                level.extendleft(reversed(items))
+            else:
+                self.levels[index] = deque(heapq.merge(items, level))
+            self._len += len(items)
+
+    def drop_while_expired(self, now: float) -> list:
+        """Remove the expired heads of every level (RabbitMQ expires at the heads only)."""
+        dropped = []
+        for level in self.levels:
+            while level and level[0].expires and level[0].expires <= now:
+                dropped.append(level.popleft())
+        self._len -= len(dropped)
+        return dropped
+
+    def next_expiry(self) -> float:
+        soonest = 0.0
+        for level in self.levels:
+            if level and level[0].expires and (not soonest or level[0].expires < soonest):
+                soonest = level[0].expires
+        return soonest
