@@ -13,6 +13,8 @@ import time
 
 import grpc
 
+from node.protocol.replies import AMQPError
+
 from .rpc import cluster_pb2 as pb
 
 
@@ -156,7 +158,13 @@ class Control:
             raise ControlError(f"this node does not support '{args['method']}'")
         if args.get("read"):
             return _jsonable(method(*args.get("args", [])))
-        return await self._everywhere("broker_call", args, lambda: _jsonable(method(*args.get("args", []))))
+        # a change: through the metadata log, so every member applies it in the same order
+        try:
+            result = await self.node.propose({"op": "broker.call", "method": args["method"],
+                                              "args": args.get("args", [])})
+        except AMQPError as exc:
+            raise ControlError(exc.text) from None
+        return result.get("result") if isinstance(result, dict) else result
 
 
 COMMANDS = {

@@ -150,8 +150,13 @@ class MetadataMachine:
         return {}
 
     def _broker_call(self, index, c):
-        method = getattr(self.broker, c["method"])
-        return {"result": _jsonable(method(*c.get("args", [])))}
+        method = getattr(self.broker, c["method"], None)
+        if method is None:
+            return {"error": [540, f"NOT_IMPLEMENTED - {c['method']}", 0, 0]}
+        try:
+            return {"result": _jsonable(method(*c.get("args", [])))}
+        except (ValueError, KeyError, LookupError) as exc:
+            return {"error": [406, f"PRECONDITION_FAILED - {exc}", 0, 0]}
 
 
 def _method(c):
