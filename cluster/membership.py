@@ -27,6 +27,10 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_receive_message_length", 256 << 20),
     ("grpc.max_send_message_length", 256 << 20),
+    # a member that comes back is seen again within about a second
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 
@@ -113,6 +117,10 @@ class Membership:
         while True:
             await asyncio.sleep(0.1)
             self._evaluate()
+
+    def is_up(self, name: str) -> bool:
+        peer = self.peers.get(name)
+        return name == self.name or (peer is not None and peer.is_up(time.monotonic(), self.failure_timeout))
 
     def up_members(self) -> list[str]:
         now = time.monotonic()

@@ -40,11 +40,12 @@ class _Owner:
 
 
 class MetadataMachine:
-    def __init__(self, node_name: str, broker, peers, call_metadata):
+    def __init__(self, node_name: str, broker, peers, call_metadata, is_up=lambda _n: True):
         self.node = node_name
         self.broker = broker
         self.peers = peers          # a callable: name -> cluster.membership.Peer | None
         self.call_metadata = call_metadata
+        self.is_up = is_up
         self.recovered: dict[int, list] = {}
         self.log = structlog.get_logger("haremq.metadata").bind(node=node_name)
 
@@ -125,6 +126,7 @@ class MetadataMachine:
                                 exclusive_owner=owner if c["exclusive"] else None, auto_delete=c["auto_delete"],
                                 arguments=arguments)
             queue.metadata = self.call_metadata
+            queue.home_up = self.is_up
             vhost.queues[name] = queue
         return {"queue": name, "home": c["home"]}
 

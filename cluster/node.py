@@ -44,7 +44,7 @@ class ClusterNode:
                                      self._majority_changed)
         self.control = Control(self)
         self.metadata = MetadataMachine(name, broker, lambda n: self.membership.peers.get(n),
-                                        self.membership.metadata)
+                                        self.membership.metadata, self.membership.is_up)
         self.raft = Raft(name, self.membership, RaftStorage(Path(data_dir) / "raft"), self.metadata.apply)
         self._server: grpc.aio.Server | None = None
         self._transition: asyncio.Task | None = None

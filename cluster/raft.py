@@ -119,6 +119,7 @@ class Raft:
         self._io = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
         self._replicating: set[str] = set()
+        self.told_commit: dict[str, int] = {}   # per follower: commit index it has applied (acknowledged)
 
     # ---- lifetime -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -249,6 +250,7 @@ class Raft:
                 if self.role != "leader" or self.storage.term != term:
                     return
                 if reply.success:
+                    self.told_commit[peer.name] = min(request.leader_commit, reply.match_index)
                     self.match_index[peer.name] = reply.match_index
                     self.next_index[peer.name] = reply.match_index + 1
                     self._advance_commit()
@@ -284,6 +286,7 @@ class Raft:
         if candidate > self.commit_index and self.storage.term_at(candidate) == self.storage.term:
             self.commit_index = candidate
             self._apply_committed()
+            self._notify_new_entry()     # tell the followers now, not at the next heartbeat
 
     async def on_append_entries(self, request) -> pb.AppendReply:
         if request.term < self.storage.term:
@@ -314,6 +317,16 @@ class Raft:
         return pb.AppendReply(term=self.storage.term, success=True, match_index=last)
 
     # ---- proposals and applying ------------------------------------------------------------------
+    async def _followers_applied(self, index: int, timeout: float = 1.0) -> None:
+        """Wait (briefly) until every member that is up has applied `index`, so a client told
+        "ok" on one node finds the change on any other node it goes to next."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.role == "leader":
+            up = set(self.membership.up_members())
+            if all(self.told_commit.get(p, 0) >= index for p in self.membership.peers if p in up):
+                return
+            await asyncio.sleep(0.002)
+
     async def propose(self, command: dict) -> object:
         """Commit a command cluster-wide; return what applying it here returned."""
         data = json.dumps(command).encode()
@@ -323,7 +336,9 @@ class Raft:
             self._waiters[index] = future
             self._notify_new_entry()
             self._advance_commit()
-            return await asyncio.wait_for(future, PROPOSE_TIMEOUT)
+            result = await asyncio.wait_for(future, PROPOSE_TIMEOUT)
+            await self._followers_applied(index)
+            return result
         leader = self.membership.peers.get(self.leader or "")
         if leader is None:
             raise NotLeader("no metadata leader is known")
@@ -351,6 +366,7 @@ class Raft:
             self._notify_new_entry()
             self._advance_commit()
             result = await asyncio.wait_for(future, PROPOSE_TIMEOUT)
+            await self._followers_applied(index)
         except (asyncio.TimeoutError, NotLeader) as exc:
             return pb.ProposeReply(ok=False, error=str(exc) or "not committed in time")
         return pb.ProposeReply(ok=True, index=index, result=json.dumps(result).encode())

@@ -52,11 +52,11 @@ class QueueLink:
         self.consumers: dict[str, object] = {}
         self.closed = False
         peer = queue.peers(queue.home)
-        if peer is None or peer.stub is None:
-            raise AMQPError(ReplyCode.NOT_FOUND, f"home node '{queue.home}' of {queue.describe()} is not known")
+        if peer is None or peer.stub is None or not queue.home_up(queue.home):
+            raise AMQPError(ReplyCode.NOT_FOUND, f"home node of {queue.describe()} is down")
         owner = getattr(channel.session, "key", "")
         self.calls.put_nowait(pb.QueueCall(open=pb.QueueCall.Open(vhost=queue.vhost, queue=queue.name, owner=owner)))
-        self._call = peer.stub.QueueSession(self._requests(), metadata=peer_metadata(queue))
+        self._call = peer.stub.QueueSession(self._requests(), metadata=peer_metadata(queue), wait_for_ready=True)
         self._reader = asyncio.ensure_future(self._read())
 
     async def _requests(self):
@@ -141,6 +141,7 @@ class RemoteQueue:
         self.home = home
         self.peers = peers            # name -> Peer
         self.metadata = lambda: ()
+        self.home_up = lambda _name: True
         self.durable = durable
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete

@@ -33,7 +33,7 @@ confirmed message was lost, 1 when some were, 2 for a usage error.
       --local           kill local 'haremq node' processes (pid files in --pid-dir, else
                         pgrep -f "haremq node --name NAME") and restart them with the same
                         command line, working directory and environment
-      --pid-dir DIR     where local nodes keep NAME.pid files (optional)
+      --pid-dir DIR     local nodes are the pids in DIR/NAME.pid (no pgrep; rewritten on restart)
   -f, --compose-file F  compose file (default deploy/docker-compose.yml)
       --compose CMD     compose command (default: 'docker compose', else docker-compose,
                         else podman-compose)
@@ -201,11 +201,18 @@ run() {  # a command, or its echo with --dry-run
 # Local processes: a node is `... haremq node ... --name NAME ...` (or python -m node.cli).
 local_pids() {
   local node=$1 pid
-  if [ -n "$PID_DIR" ] && [ -f "$PID_DIR/$node.pid" ]; then
+  if [ -n "$PID_DIR" ]; then   # pid files only: nothing else is touched
+    [ -f "$PID_DIR/$node.pid" ] || return 0
     pid=$(tr -dc 0-9 < "$PID_DIR/$node.pid")
-    if [ -n "$pid" ] && kill -0 "$pid" 2> /dev/null; then echo "$pid"; return 0; fi
+    if [ -n "$pid" ] && kill -0 "$pid" 2> /dev/null; then echo "$pid"; fi
+    return 0
   fi
-  pgrep -f -- "(haremq|node\\.cli) node .*--name[ =]$node( |\$)"
+  # only processes of this host's pid namespace, not the same command inside a container
+  local ns
+  ns=$(readlink /proc/self/ns/pid)
+  for pid in $(pgrep -f -- "(haremq|node\\.cli) node .*--name[ =]$node( |\$)"); do
+    [ "$(readlink "/proc/$pid/ns/pid" 2> /dev/null)" != "$ns" ] || echo "$pid"
+  done
 }
 
 kill_node() {
@@ -246,6 +253,7 @@ start_node() {
     else
       (cd "$cwd" && exec env -i "${envv[@]}" setsid "${argv[@]}" >> "$log" 2>&1 < /dev/null) &
       RESTARTED[$node]=$!
+      [ -z "$PID_DIR" ] || echo "$!" > "$PID_DIR/$node.pid"
     fi
   fi
   for n in "${DOWN_NODES[@]}"; do [ "$n" = "$node" ] || rest+=("$n"); done

@@ -244,3 +244,132 @@ def test_ctl_against_nothing_gives_one_line_error():
                                                                                    HAREMQ_CLUSTER_SECRET="x"))
     assert r.returncode == 1
     assert len(r.stderr.strip().splitlines()) == 1 and "cannot reach" in r.stderr
+
+
+# ---- any node serves any queue (MIR-7) and replicated metadata ------------------------------
+
+def _chan(member, confirm=False, prefetch=None):
+    c = pika.BlockingConnection(pika.URLParameters(member.url))
+    ch = c.channel()
+    if confirm:
+        ch.confirm_delivery()
+    if prefetch:
+        ch.basic_qos(prefetch_count=prefetch)
+    return c, ch
+
+
+def test_queue_on_one_node_used_through_the_others(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    c1, ch1 = _chan(hare1)
+    ch1.queue_declare("mir7.q", durable=True)
+    c2, ch2 = _chan(hare2, confirm=True)
+    for i in range(300):
+        ch2.basic_publish("", "mir7.q", str(i).encode(), properties=pika.BasicProperties(delivery_mode=2))
+    assert ch1.queue_declare("mir7.q", passive=True).method.message_count == 300   # on its home
+    c3, ch3 = _chan(hare3, prefetch=10)
+    m, _, b = ch3.basic_get("mir7.q")
+    assert (b, m.redelivered) == (b"0", False)
+    ch3.basic_nack(m.delivery_tag, requeue=True)
+    got, first_redelivered, max_unacked, unacked = [], None, 0, 0
+    for method, _, body in ch3.consume("mir7.q", inactivity_timeout=5):
+        assert method is not None, f"stalled after {len(got)}"
+        if first_redelivered is None:
+            first_redelivered = method.redelivered
+        got.append(int(body))
+        unacked += 1
+        max_unacked = max(max_unacked, unacked)
+        if len(got) % 5 == 0:
+            ch3.basic_ack(method.delivery_tag, multiple=True)
+            unacked = 0
+        if len(got) == 300:
+            break
+    ch3.cancel()
+    assert got == list(range(300))
+    assert first_redelivered is True
+    assert max_unacked <= 10, "prefetch not honoured through the remote link"
+    assert ch1.queue_declare("mir7.q", passive=True).method.message_count == 0
+
+
+def test_unacked_remote_deliveries_requeue_when_the_client_goes(cluster):
+    members, _ = cluster
+    hare1, hare2, _ = members
+    c1, ch1 = _chan(hare1)
+    ch1.queue_declare("mir7.requeue")
+    for i in range(5):
+        ch1.basic_publish("", "mir7.requeue", str(i).encode())
+    c2, ch2 = _chan(hare2)
+    taken = [ch2.basic_get("mir7.requeue")[2] for _ in range(3)]
+    assert taken == [b"0", b"1", b"2"]
+    c2.close()
+    wait_until(lambda: ch1.queue_declare("mir7.requeue", passive=True).method.message_count == 5, timeout=5)
+    m, _, b = ch1.basic_get("mir7.requeue", auto_ack=True)
+    assert (b, m.redelivered) == (b"0", True)
+
+
+def test_exchanges_and_bindings_are_replicated(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _, ch3 = _chan(hare3)
+    ch3.exchange_declare("mir7.topic", "topic", durable=True)
+    _, ch2 = _chan(hare2)
+    ch2.queue_declare("mir7.bound")
+    ch2.queue_bind("mir7.bound", "mir7.topic", "a.#")
+    _, ch1 = _chan(hare1, confirm=True)
+    ch1.basic_publish("mir7.topic", "a.b.c", b"routed", mandatory=True)
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch1.basic_publish("mir7.topic", "z.b", b"nowhere", mandatory=True)
+    m, _, b = ch2.basic_get("mir7.bound", auto_ack=True)
+    assert b == b"routed"
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
+        ch3.queue_declare("mir7.bound", durable=True)      # inequivalent, decided by the cluster
+    assert ei.value.reply_code == 406
+
+
+def test_home_node_down_then_rejoins_with_its_durable_queues(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _, ch1 = _chan(hare1)
+    ch1.queue_declare("mir7.durable", durable=True)
+    ch1.queue_declare("mir7.transient")
+    _, ch2 = _chan(hare2, confirm=True)
+    for i in range(100):
+        ch2.basic_publish("", "mir7.durable", str(i).encode(), properties=pika.BasicProperties(delivery_mode=2))
+    hare1.kill9()
+    time.sleep(2)
+    _, ch3 = _chan(hare3)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
+        ch3.basic_get("mir7.durable")
+    assert ei.value.reply_code == 404 and "down" in ei.value.reply_text
+    rows = {r["name"]: r for r in ctl_json(hare2, "list-queues")}
+    assert rows["mir7.durable"]["node"] == "hare1" and rows["mir7.durable"]["state"] == "down"
+    hare1.start()
+    wait_until(lambda: next(m for m in ctl_json(hare3, "cluster-status")["members"] if m["name"] == "hare1")["up"],
+               timeout=10, message="hare3 never saw hare1 come back")
+    _, ch3 = _chan(hare3)
+    bodies = []
+    while True:
+        m, _, b = ch3.basic_get("mir7.durable", auto_ack=True)
+        if m is None:
+            break
+        bodies.append(int(b))
+    assert bodies == list(range(100))
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
+        _chan(hare2)[1].queue_declare("mir7.transient", passive=True)
+    assert ei.value.reply_code == 404
+
+
+def test_users_and_permissions_made_with_ctl_work_on_every_node(cluster):
+    members, _ = cluster
+    for args in (("add-vhost", "mir7v"), ("add-user", "carol", "pw"),
+                 ("set-permissions", "-p", "mir7v", "carol", "^carol\\.", ".*", ".*")):
+        r = ctl(members[0], *args)
+        assert r.returncode == 0, r.stderr
+    for m in members:
+        url = f"amqp://carol:pw@127.0.0.1:{m.port}/mir7v"
+        c = pika.BlockingConnection(pika.URLParameters(url))
+        ch = c.channel()
+        ch.queue_declare(f"carol.{m.name}")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
+            ch.queue_declare(f"dave.{m.name}")
+        assert ei.value.reply_code == 403

@@ -511,6 +511,9 @@ def test_helm_value_sets_change_what_they_say():
     assert base64.b64decode(secret["data"]["cluster-secret"]) == b"a-long-random-cluster-secret-from-a-vault"
     claim = _statefulset(given)["spec"]["volumeClaimTemplates"][0]
     assert claim["spec"]["storageClassName"] == ""
+    args = _container(_statefulset(given))["args"]
+    assert args[args.index("--tls-port") + 1] == "5671" and "--tls-verify-peer" in args
+    assert "--tls-port" not in _container(_statefulset(docs(render())))["args"]
 
 
 @needs_helm
