@@ -15,6 +15,7 @@ from typing import Callable
 import grpc
 import structlog
 
+from . import transport
 from .rpc import cluster_pb2 as pb
 from .rpc import cluster_pb2_grpc as pbg
 from .secret import call_metadata
@@ -50,12 +51,13 @@ class Peer:
 
 class Membership:
     def __init__(self, name: str, peers: dict[str, str], secret: str, failure_timeout: float,
-                 on_majority: Callable[[bool], None]):
+                 on_majority: Callable[[bool], None], tls=None):
         self.name = name
         self.peers = {n: Peer(n, a) for n, a in peers.items() if n != name}
         self.secret = secret
         self.failure_timeout = failure_timeout
         self.on_majority = on_majority
+        self.tls = tls
         self.has_majority: bool | None = None
         self.paused = False
         self.log = structlog.get_logger("haremq.cluster").bind(node=name)
@@ -70,7 +72,7 @@ class Membership:
 
     async def start(self) -> None:
         for peer in self.peers.values():
-            peer.channel = grpc.aio.insecure_channel(peer.address, options=CHANNEL_OPTIONS)
+            peer.channel = transport.channel(peer.address, self.tls, CHANNEL_OPTIONS)
             peer.stub = pbg.ClusterStub(peer.channel)
             self._tasks.append(asyncio.create_task(self._ping_loop(peer)))
         self._tasks.append(asyncio.create_task(self._watch()))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from node.protocol.replies import AMQPError, ReplyCode
 
+from . import transport
 from .control import Control
 from .metadata import MetadataMachine, raise_result
 from .raft import NotLeader, Raft, RaftStorage
@@ -31,6 +32,7 @@ class ClusterConfig:
     peers: dict[str, str] = field(default_factory=dict)     # name -> host:port
     secret: str = ""
     failure_timeout: float = 3.0
+    tls: object = None                                       # transport.TLSFiles for mutual TLS
 
 
 class ClusterNode:
@@ -41,7 +43,7 @@ class ClusterNode:
         self.amqp = amqp
         self.log = structlog.get_logger("haremq.cluster").bind(node=name)
         self.membership = Membership(name, config.peers, config.secret, config.failure_timeout,
-                                     self._majority_changed)
+                                     self._majority_changed, config.tls)
         self.control = Control(self)
         self.metadata = MetadataMachine(name, broker, lambda n: self.membership.peers.get(n),
                                         self.membership.metadata, self.membership.is_up)
@@ -79,7 +81,7 @@ class ClusterNode:
         pbg.add_ClusterServicer_to_server(ClusterService(self), self._server)
         address = f"{self.config.bind}:{self.config.port}"
         try:
-            bound = self._server.add_insecure_port(address)
+            bound = transport.listen(self._server, address, self.config.tls)
         except RuntimeError:
             bound = 0
         if not bound:

@@ -198,20 +198,46 @@ run() {  # a command, or its echo with --dry-run
   if [ "$DRY_RUN" = 1 ]; then echo "+ $*"; else "$@"; fi
 }
 
+# A process that exists and is not a zombie (a killed node stays one until its parent reaps it).
+alive() {
+  local state
+  state=$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2> /dev/null) || return 1
+  [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
+
+# The URLs whose host:port accepts a TCP connection now (perf gives up on a URL it cannot reach).
+live_uris() {
+  local u hp host port
+  for u in "${URIS[@]}"; do
+    hp=${u#*://}; hp=${hp#*@}; hp=${hp%%/*}; hp=${hp%%\?*}
+    host=${hp%:*} port=${hp##*:}
+    if [ "$host" = "$hp" ]; then
+      port=5672; [[ $u != amqps://* ]] || port=5671
+    fi
+    # shellcheck disable=SC2016  # $0 and $1 are the inner shell's
+    if timeout 2 bash -c 'exec 3<> "/dev/tcp/$0/$1"' "$host" "$port" 2> /dev/null; then echo "$u"; fi
+  done
+}
+
+uri_args() {  # -h URL for each argument
+  local u
+  for u in "$@"; do printf '%s\n' -h "$u"; done
+}
+
 # Local processes: a node is `... haremq node ... --name NAME ...` (or python -m node.cli).
 local_pids() {
   local node=$1 pid
   if [ -n "$PID_DIR" ]; then   # pid files only: nothing else is touched
     [ -f "$PID_DIR/$node.pid" ] || return 0
     pid=$(tr -dc 0-9 < "$PID_DIR/$node.pid")
-    if [ -n "$pid" ] && kill -0 "$pid" 2> /dev/null; then echo "$pid"; fi
+    if [ -n "$pid" ] && alive "$pid"; then echo "$pid"; fi
     return 0
   fi
   # only processes of this host's pid namespace, not the same command inside a container
   local ns
   ns=$(readlink /proc/self/ns/pid)
   for pid in $(pgrep -f -- "(haremq|node\\.cli) node .*--name[ =]$node( |\$)"); do
-    [ "$(readlink "/proc/$pid/ns/pid" 2> /dev/null)" != "$ns" ] || echo "$pid"
+    [ "$(readlink "/proc/$pid/ns/pid" 2> /dev/null)" != "$ns" ] || ! alive "$pid" || echo "$pid"
   done
 }
 
@@ -293,8 +319,6 @@ now() { date +%s; }
 START=$(now)
 DEADLINE=$((START + DURATION))
 
-perf_uris=()
-for u in "${URIS[@]}"; do perf_uris+=(-h "$u"); done
 
 # Runs perf until the deadline. perf spreads producers and consumers over the URLs; when a
 # worker's node dies perf ends the round (unless it fails over by itself), and a new round
@@ -304,10 +328,14 @@ load_loop() {
   while [ ! -e "$WORK/stop" ]; do
     left=$((DEADLINE - $(now)))
     [ "$left" -gt 0 ] || break
+    local live=() args=()
+    mapfile -t live < <(live_uris)
+    if [ "${#live[@]}" -eq 0 ]; then sleep 1; continue; fi
+    mapfile -t args < <(uri_args "${live[@]}")
     round=$((round + 1))
     local extra=()
     [ "$round" -gt 1 ] || [ "$KEEP_QUEUE" = 1 ] || extra+=(--recreate)
-    "${HAREMQ_CMD[@]}" perf "${perf_uris[@]}" -x 1 -y 1 -s 64 -f persistent -c "$CONFIRM" -q 500 \
+    "${HAREMQ_CMD[@]}" perf "${args[@]}" -x 1 -y 1 -s 64 -f persistent -c "$CONFIRM" -q 500 \
       -u "$QUEUE" -z "$left" --drain-timeout 20 --quiet --json "$WORK/round$round.json" \
       "${extra[@]+"${extra[@]}"}" "${PERF_EXTRA[@]+"${PERF_EXTRA[@]}"}" \
       2> "$WORK/round$round.err" &
@@ -368,9 +396,13 @@ LOAD_PID=""
 # Consume what is left, one consumer per URL (whichever node serves the queue), in rounds of
 # DRAIN seconds until a round finds nothing (at most 10).
 if [ "$DRAIN" -gt 0 ]; then
+  live=() args=()
   for d in $(seq 1 10); do
-    say "draining $QUEUE (${DRAIN}s, round $d)"
-    "${HAREMQ_CMD[@]}" perf "${perf_uris[@]}" -x 0 -y "${#URIS[@]}" -f persistent -u "$QUEUE" -q 500 \
+    mapfile -t live < <(live_uris)
+    if [ "${#live[@]}" -eq 0 ]; then say "no node answers yet"; sleep 2; continue; fi
+    mapfile -t args < <(uri_args "${live[@]}")
+    say "draining $QUEUE (${DRAIN}s, round $d, through ${#live[@]} node(s))"
+    "${HAREMQ_CMD[@]}" perf "${args[@]}" -x 0 -y "${#live[@]}" -f persistent -u "$QUEUE" -q 500 \
       -z "$DRAIN" --quiet --json "$WORK/drain$d.json" 2> "$WORK/drain$d.err" ||
       say "drain: $(tail -n 1 "$WORK/drain$d.err" | cut -c1-150)"
     [ -s "$WORK/drain$d.json" ] || { sleep 2; continue; }   # a node not serving yet

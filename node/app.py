@@ -33,6 +33,7 @@ class NodeConfig:
     peers: dict = field(default_factory=dict)   # name -> host:port of the other members
     cluster_secret: str = ""
     failure_timeout: float = 3.0
+    cluster_tls: object = None                  # cluster.transport.TLSFiles: mutual TLS between members
     default_user: str | None = None
     default_pass: str | None = None
     definitions: Path | None = None             # RabbitMQ definitions JSON imported at start
@@ -95,7 +96,8 @@ class Node:
             from cluster.node import ClusterConfig, ClusterNode
             self.cluster = ClusterNode(self.config.name, ClusterConfig(
                 port=self.config.cluster_port, bind=self.config.bind, peers=dict(self.config.peers),
-                secret=self.config.cluster_secret, failure_timeout=self.config.failure_timeout),
+                secret=self.config.cluster_secret, failure_timeout=self.config.failure_timeout,
+                tls=self.config.cluster_tls),
                 self.broker, self.amqp, self.config.data_dir)
             self.cluster.metadata.recovered = dict(self._recovered_queues)
             try:

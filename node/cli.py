@@ -61,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="number of members with --peers-dns (default: 3)")
     node.add_argument("--cluster-secret-file", type=Path, default=_env("cluster-secret-file"),
                       help="file holding the cluster secret (default: ~/.haremq/cluster-secret)")
+    node.add_argument("--cluster-tls-cert", type=Path, default=_env("cluster-tls-cert"),
+                      help="this member's certificate (PEM) for mutual TLS on the cluster port")
+    node.add_argument("--cluster-tls-key", type=Path, default=_env("cluster-tls-key"), help="its private key (PEM)")
+    node.add_argument("--cluster-tls-ca", type=Path, default=_env("cluster-tls-ca"),
+                      help="the CA that signs every member's (and operator's) certificate")
     node.add_argument("--failure-timeout", type=float, default=float(_env("failure-timeout", 3.0)),
                       help="seconds without an answer before a member counts as down (default: 3)")
     node.add_argument("--default-user", default=_env("default-user"),
@@ -146,18 +151,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "node":
         logs.configure(args.log_level, args.log_json)
         cluster_secret = ""
+        cluster_tls = None
         if args.cluster_port is not None:
-            from cluster import secret
+            from cluster import secret, transport
             try:
                 cluster_secret = secret.resolve(args.cluster_secret_file)
             except (OSError, ValueError) as exc:
                 print(f"haremq: cannot read the cluster secret: {exc}", file=sys.stderr)
                 return 1
+            try:
+                cluster_tls = transport.TLSFiles.load(args.cluster_tls_cert, args.cluster_tls_key, args.cluster_tls_ca)
+            except (OSError, ValueError) as exc:
+                print(f"haremq: cluster TLS: {exc}", file=sys.stderr)
+                return 1
         config = NodeConfig(name=args.name, data_dir=args.data_dir, amqp_port=args.amqp_port, bind=args.bind,
                             skip_corrupt=args.skip_corrupt, segment_size=args.segment_size,
                             cluster_port=int(args.cluster_port) if args.cluster_port is not None else None,
                             peers=_peers(args), cluster_secret=cluster_secret,
-                            failure_timeout=args.failure_timeout,
+                            failure_timeout=args.failure_timeout, cluster_tls=cluster_tls,
                             default_user=args.default_user, default_pass=args.default_pass,
                             definitions=args.definitions,
                             tls_port=int(args.tls_port) if args.tls_port is not None else None,

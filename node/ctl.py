@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--node", default=DEFAULT_NODE, help=f"HOST:CLUSTER_PORT (default {DEFAULT_NODE})")
     parser.add_argument("--cluster-secret-file", type=Path, help="the cluster secret (default: as the nodes)")
     parser.add_argument("--timeout", type=float, default=10.0)
+    parser.add_argument("--tls-cert", type=Path, help="operator certificate when the cluster port uses TLS")
+    parser.add_argument("--tls-key", type=Path)
+    parser.add_argument("--tls-ca", type=Path)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in LISTINGS:
         p = sub.add_parser(name)
@@ -104,13 +107,17 @@ def _call_args(args) -> list:
     return values
 
 
+TLS = None   # cluster.transport.TLSFiles, set from --tls-* flags
+
+
 async def control(node: str, secret: str, command: str, arguments: dict, timeout: float):
     import grpc
 
+    from cluster import transport
     from cluster.rpc import cluster_pb2 as pb
     from cluster.rpc import cluster_pb2_grpc as pbg
     from cluster.secret import call_metadata
-    async with grpc.aio.insecure_channel(node) as channel:
+    async with transport.channel(node, TLS) as channel:
         stub = pbg.ClusterStub(channel)
         try:
             reply = await stub.Control(pb.ControlRequest(command=command, arguments=json.dumps(arguments).encode()),
@@ -169,8 +176,11 @@ async def _run(args, secret: str) -> None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    global TLS
     from cluster import secret as cluster_secret
+    from cluster import transport
     try:
+        TLS = transport.TLSFiles.load(args.tls_cert, args.tls_key, args.tls_ca)
         secret = cluster_secret.resolve(args.cluster_secret_file)
         asyncio.run(_run(args, secret))
     except CtlError as exc:

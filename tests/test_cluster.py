@@ -113,6 +113,18 @@ def ctl_json(member, *args):
     return json.loads(r.stdout)
 
 
+def _launch(members):
+    """Start every member at once (each serves AMQP only once it sees a majority) and wait for all."""
+    for m in members:
+        m.data_dir.mkdir(parents=True, exist_ok=True)
+        m._log_fh = open(m.log_path, "ab")
+        m.proc = subprocess.Popen(m.argv(), stdout=m._log_fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                  cwd=str(Path(__file__).resolve().parent.parent))
+    for m in members:
+        wait_until(lambda m=m: port_open(m.port, 0.2), timeout=30,
+                   message=f"{m.name} never served AMQP:\n{m.log_tail()}")
+
+
 @pytest.fixture
 def cluster(tmp_path):
     """Three members; hare1 reaches the others (and they reach it) through proxies."""
@@ -127,13 +139,7 @@ def cluster(tmp_path):
         "hare3": {"hare1": f"127.0.0.1:{proxy_to_1['hare3'].port}", "hare2": f"127.0.0.1:{ports['hare2']}"},
     }
     members = [ClusterMember(n, tmp_path / n, ports[n], peers[n], secret_file) for n in ("hare1", "hare2", "hare3")]
-    for m in members:
-        m.data_dir.mkdir(parents=True, exist_ok=True)
-        m._log_fh = open(m.log_path, "ab")
-        m.proc = subprocess.Popen(m.argv(), stdout=m._log_fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                  cwd=str(Path(__file__).resolve().parent.parent))
-    for m in members:
-        wait_until(lambda m=m: port_open(m.port, 0.2), timeout=30, message=f"{m.name} never served AMQP")
+    _launch(members)
     partition = {"cut": lambda: [p.cut() for p in (*proxies.values(), *proxy_to_1.values())],
                  "heal": lambda: [p.heal() for p in (*proxies.values(), *proxy_to_1.values())]}
     yield members, partition
@@ -373,3 +379,39 @@ def test_users_and_permissions_made_with_ctl_work_on_every_node(cluster):
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
             ch.queue_declare(f"dave.{m.name}")
         assert ei.value.reply_code == 403
+
+
+def test_cluster_port_with_mutual_tls(tmp_path):
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    files = {"cert": tmp_path / "member.pem", "key": tmp_path / "member.key", "ca": tmp_path / "ca.pem"}
+    cert.cert_chain_pems[0].write_to_path(str(files["cert"]))
+    cert.private_key_pem.write_to_path(str(files["key"]))
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET)
+    ports = {n: free_port() for n in ("hare1", "hare2", "hare3")}
+    tls_args = ["--cluster-tls-cert", str(files["cert"]), "--cluster-tls-key", str(files["key"]),
+                "--cluster-tls-ca", str(files["ca"])]
+
+    class TLSMember(ClusterMember):
+        def argv(self):
+            return super().argv() + tls_args
+
+    members = [TLSMember(n, tmp_path / n, ports[n],
+                         {o: f"127.0.0.1:{ports[o]}" for o in ports if o != n}, secret_file) for n in ports]
+    try:
+        _launch(members)
+        r = ctl(members[0], "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"]),
+                "--tls-ca", str(files["ca"]), "cluster-status", "--json")
+        assert r.returncode == 0, r.stderr
+        assert all(m["up"] for m in json.loads(r.stdout)["members"])
+        plain = ctl(members[0], "--timeout", "3", "cluster-status")
+        assert plain.returncode == 1 and len(plain.stderr.strip().splitlines()) == 1
+        c = pika.BlockingConnection(pika.URLParameters(members[1].url))
+        c.channel().queue_declare("over.tls")
+        c.close()
+    finally:
+        for m in members:
+            m.kill9()
