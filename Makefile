@@ -1,10 +1,10 @@
-# Two entry points for a fresh machine: `make run` (a broker) and `make test` (the test suite).
+# Two entry points for a fresh machine: `make run` (a local three-node cluster) and `make test`.
 # Each creates its own virtualenv in .venv and installs HareMQ into it.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run run-cluster test test-core test-spark clean
+.PHONY: run run-node test test-core test-spark clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -13,10 +13,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: $(VENV)/.installed
-	$(VENV)/bin/haremq node --name hare1 --data-dir ./haremq-data/hare1 --amqp-port 5672
-
-run-cluster: $(VENV)/.installed
 	$(VENV)/bin/haremq cluster up --nodes 3 --amqp-port 5672 --cluster-port 25672 --data-dir ./haremq-data
+
+run-node: $(VENV)/.installed
+	$(VENV)/bin/haremq node --name hare1 --data-dir ./haremq-data/hare1 --amqp-port 5672
 
 test: test-core test-spark
 
