@@ -327,18 +327,22 @@ class Raft:
                 return
             await asyncio.sleep(0.002)
 
+    async def _lead(self, data: bytes) -> tuple[int, object]:
+        """As the leader: append, replicate, commit, apply here; (index, result of applying)."""
+        index = await self._append_local(data)
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[index] = future
+        self._notify_new_entry()
+        self._advance_commit()
+        result = await asyncio.wait_for(future, PROPOSE_TIMEOUT)
+        await self._followers_applied(index)
+        return index, result
+
     async def propose(self, command: dict) -> object:
         """Commit a command cluster-wide; return what applying it here returned."""
         data = json.dumps(command).encode()
         if self.role == "leader":
-            index = await self._append_local(data)
-            future = asyncio.get_running_loop().create_future()
-            self._waiters[index] = future
-            self._notify_new_entry()
-            self._advance_commit()
-            result = await asyncio.wait_for(future, PROPOSE_TIMEOUT)
-            await self._followers_applied(index)
-            return result
+            return (await self._lead(data))[1]
         leader = self.membership.peers.get(self.leader or "")
         if leader is None:
             raise NotLeader("no metadata leader is known")
@@ -360,13 +364,7 @@ class Raft:
         if self.role != "leader":
             return pb.ProposeReply(ok=False, error="not the leader")
         try:
-            index = await self._append_local(bytes(request.command))
-            future = asyncio.get_running_loop().create_future()
-            self._waiters[index] = future
-            self._notify_new_entry()
-            self._advance_commit()
-            result = await asyncio.wait_for(future, PROPOSE_TIMEOUT)
-            await self._followers_applied(index)
+            index, result = await self._lead(bytes(request.command))
         except (asyncio.TimeoutError, NotLeader) as exc:
             return pb.ProposeReply(ok=False, error=str(exc) or "not committed in time")
         return pb.ProposeReply(ok=True, index=index, result=json.dumps(result).encode())

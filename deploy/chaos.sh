@@ -303,7 +303,7 @@ cleanup() {
   fi
   if [ "${#RESTARTED[@]}" -gt 0 ]; then
     for n in "${!RESTARTED[@]}"; do
-      say "$n runs again as pid ${RESTARTED[$n]} (log $(cat "$WORK/$n.log" 2> /dev/null || echo -)); " \
+      say "$n runs again as pid ${RESTARTED[$n]} (log $(cat "$WORK/$n.log" 2> /dev/null || echo -));" \
           "'haremq cluster up' does not own it: stop it with kill ${RESTARTED[$n]}"
     done
   fi

@@ -298,28 +298,29 @@ class MessageStore:
                 fn()
 
     # ---- reading back ---------------------------------------------------------------------------
-    def is_durable(self, msg_id: int) -> bool:
+    def _before(self, msg_id: int, mark: tuple[int, int]) -> bool:
         loc = self.index.get(msg_id)
         if loc is None:
             return False
         segment, offset, _len, _d = _unpack(loc)
-        return (segment, offset) < self.durable_upto
+        return (segment, offset) < mark
+
+    def is_durable(self, msg_id: int) -> bool:
+        return self._before(msg_id, self.durable_upto)
 
     def is_written(self, msg_id: int) -> bool:
-        loc = self.index.get(msg_id)
-        if loc is None:
-            return False
-        segment, offset, _len, _d = _unpack(loc)
-        return (segment, offset) < self.written_upto
+        return self._before(msg_id, self.written_upto)
+
+    def _read_fd(self, segment: int) -> int:
+        fd = self._read_fds.get(segment)
+        if fd is None:
+            fd = self._read_fds[segment] = os.open(segment_path(self.directory, segment), os.O_RDONLY)
+        return fd
 
     def read(self, msg_id: int):
         """(exchange, routing key, properties, body, delivered) of a live message, from disk."""
         segment, offset, length, delivered = _unpack(self.index[msg_id])
-        fd = self._read_fds.get(segment)
-        if fd is None:
-            fd = os.open(segment_path(self.directory, segment), os.O_RDONLY)
-            self._read_fds[segment] = fd
-        data = os.pread(fd, length, offset)
+        data = os.pread(self._read_fd(segment), length, offset)
         _qid, _mid, _flags, exchange, routing_key, props_raw, body = rec.parse_enqueue(data[rec.HEADER_SIZE:])
         return exchange, routing_key, props_raw, body, delivered
 
@@ -362,11 +363,7 @@ class MessageStore:
         moving = [m for m, loc in self.index.items() if (loc >> 73) == oldest and self.is_durable(m)]
         for msg_id in moving:
             segment, offset, length, delivered = _unpack(self.index[msg_id])
-            fd = self._read_fds.get(segment)
-            if fd is None:
-                fd = os.open(segment_path(self.directory, segment), os.O_RDONLY)
-                self._read_fds[segment] = fd
-            record = os.pread(fd, length, offset)
+            record = os.pread(self._read_fd(segment), length, offset)
             new_segment, new_offset = self._append(record)
             self.index[msg_id] = _pack(new_segment, new_offset, length, delivered)
             self.live[segment] -= 1
