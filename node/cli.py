@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="start even if a segment has a corrupt record mid-log (drops the rest of it)")
     node.add_argument("--segment-size", type=int, default=64 << 20,
                       help="bytes per message-store segment file (default 64 MiB)")
-    node.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    node.add_argument("--log-level", default=_env("log-level", "info"), choices=["debug", "info", "warning", "error"])
     node.add_argument("--log-json", action="store_true", help="log JSON lines instead of key=value")
     sub.add_parser("perf", help="PerfTest-style load tool (haremq perf --help)", add_help=False)
     sub.add_parser("ctl", help="control a running node (haremq ctl --help)", add_help=False)
