@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("watch", help="a live view of the cluster, refreshed every second")
     p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
     return parser
 
 
@@ -158,7 +159,7 @@ def _print(result, columns, as_json: bool) -> None:
 async def _run(args, secret: str) -> None:
     if args.command == "watch":
         from .watch import watch
-        await watch(args.node, secret, args.interval, control)
+        await watch(args.node, secret, args.interval, control, once=args.once)
         return
     if args.command in LISTINGS:
         command, columns = LISTINGS[args.command]

@@ -36,17 +36,29 @@ def _members_table(status: dict | None, error: str | None) -> Table:
 
 def _queues_table(queues: list, rates: dict) -> Table:
     table = Table(title="queues", expand=True)
-    for column in ("vhost", "name", "node", "messages", "unacked", "consumers", "in+out msg/s"):
+    for column in ("vhost", "name", "node", "state", "messages", "unacked", "consumers", "in+out msg/s"):
         table.add_column(column)
     for q in queues:
-        table.add_row(q["vhost"], q["name"], q["node"], str(q["messages"]), str(q["messages_unacknowledged"]),
-                      str(q["consumers"]), f"{rates.get((q['vhost'], q['name']), 0):.0f}")
+        state = q.get("state", "running")
+        table.add_row(q["vhost"], q["name"], q["node"], "[red]down" if state == "down" else state,
+                      str(q["messages"]), str(q["messages_unacknowledged"]), str(q["consumers"]),
+                      f"{rates.get((q['vhost'], q['name']), 0):.0f}")
     return table
 
 
-async def watch(node: str, secret: str, interval: float, control) -> None:
+async def watch(node: str, secret: str, interval: float, control, once: bool = False) -> None:
     previous: dict = {}
     last = time.monotonic()
+    if once:   # one frame on stdout, for scripts and tests
+        status = queues = error = None
+        try:
+            status = await control(node, secret, "cluster_status", {}, 2.0)
+            queues = await control(node, secret, "list_queues", {}, 2.0)
+        except Exception as exc:  # noqa: BLE001
+            error = str(exc)
+        from rich.console import Console
+        Console(width=120).print(Group(_members_table(status, error), _queues_table(queues or [], {})))
+        return
     with Live(refresh_per_second=4, screen=False) as live:
         while True:
             status = queues = error = None

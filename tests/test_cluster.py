@@ -202,6 +202,10 @@ def test_killed_member_is_reported_down_and_survivors_serve(cluster):
     members[2].kill9()
     wait_until(lambda: not next(m for m in ctl_json(members[0], "cluster-status")["members"]
                                 if m["name"] == "hare3")["up"], timeout=10, message="hare3 never reported down")
+    frame = ctl(members[0], "watch", "--once")
+    assert frame.returncode == 0, frame.stderr
+    hare3_row = next(line for line in frame.stdout.splitlines() if "hare3" in line)
+    assert "down" in hare3_row
     for m in members[:2]:
         c = pika.BlockingConnection(pika.URLParameters(m.url))
         ch = c.channel()
