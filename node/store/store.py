@@ -107,7 +107,7 @@ class MessageStore:
         self._loop = asyncio.get_running_loop()
         self._writer = SegmentWriter(self.directory, self.segment_size, self.meta_path,
                                      self._batch_done, self._loop, self._batch_written)
-        self._writer.start()
+        self._writer.start(self.segment, self.position)
         self._compactor = self._loop.create_task(self._compact_periodically())
         return recovered
 

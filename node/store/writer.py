@@ -47,9 +47,14 @@ class SegmentWriter:
         self._fds: dict[int, int] = {}
         self._newest = 0
         self._spare: tuple[int, int, int] | None = None   # (segment, fd, bytes zeroed so far)
+        self._fill: list[int] | None = None   # [segment, offset]: zero the rest of the segment in use
+        self._written_end: dict[int, int] = {}
         self._thread = threading.Thread(target=self._run, name="haremq-store-writer", daemon=True)
 
-    def start(self) -> None:
+    def start(self, segment: int = 1, position: int = 0) -> None:
+        """Begin; while idle, zero the unwritten rest of the segment writes continue in."""
+        self._fill = [segment, position]
+        self._newest = segment
         self._thread.start()
 
     def submit(self, batch: Batch) -> None:
@@ -63,9 +68,12 @@ class SegmentWriter:
     def _run(self) -> None:
         while True:
             try:
-                batch = self._jobs.get(timeout=None if self._spare_done() else 0.001)
+                batch = self._jobs.get(timeout=None if self._spare_done() and self._fill is None else 0.001)
             except queue.Empty:
-                self._prepare_spare()
+                if self._fill is not None:
+                    self._fill_current()
+                else:
+                    self._prepare_spare()
                 continue
             if batch is None:
                 break
@@ -93,6 +101,7 @@ class SegmentWriter:
     def _apply(self, batch: Batch) -> None:
         touched = []
         for segment, offset, data in batch.writes:
+            self._written_end[segment] = max(self._written_end.get(segment, 0), offset + len(data))
             fd = self._fd(segment)
             view = memoryview(data)
             while view:
@@ -156,6 +165,24 @@ class SegmentWriter:
                 os.close(self._spare[1])
             self._spare = None
             self._newest = 0   # no spare then (disk full?): segments get fallocated when needed
+
+    _FILL_CHUNK = 256 << 10
+
+    def _fill_current(self) -> None:
+        """Zero, ahead of the writes, the part of the current segment they have not reached."""
+        segment, offset = self._fill
+        offset = max(offset, self._written_end.get(segment, 0))
+        if segment != self._newest or offset >= self.segment_size:
+            self._fill = None
+            return
+        try:
+            fd = self._fd(segment)
+            n = min(self._FILL_CHUNK, self.segment_size - offset)
+            os.pwrite(fd, self._ZERO_CHUNK[:n], offset)
+            os.fdatasync(fd)
+            self._fill = [segment, offset + n]
+        except OSError:
+            self._fill = None
 
     def _fd(self, segment: int) -> int:
         self._newest = max(self._newest, segment)
