@@ -128,6 +128,38 @@ def peer_metadata(queue: "RemoteQueue"):
     return queue.metadata()
 
 
+class _NodeItself:
+    """The node as a publisher of its own (dead-lettering into a queue homed elsewhere):
+    a channel with no client, no confirms and nothing to deliver to."""
+
+    id = 0
+    key = ""
+    closed = False
+    confirms = None
+
+    @property
+    def session(self):
+        return self
+
+    def note_confirms(self, _channel) -> None:
+        return None
+
+    def fail_channel(self, _channel_id, _err) -> None:
+        return None
+
+    def wakeup(self) -> None:
+        return None
+
+    def deliver(self, _consumer, _entry) -> None:
+        return None
+
+    def consumer_cancelled_by_broker(self, _consumer) -> None:
+        return None
+
+
+NODE_ITSELF = _NodeItself()
+
+
 class RemoteQueue:
     """The cluster-wide record of a queue homed elsewhere, usable like a local queue."""
 
@@ -180,6 +212,12 @@ class RemoteQueue:
     # ---- what a channel does with a queue --------------------------------------------------
     def publish_from(self, channel, message: Message, seq: int) -> None:
         self.link(channel).send(pb.QueueCall(publish=pb.QueueCall.Publish(seq=seq, message=message_to_pb(message))))
+
+    def publish(self, message: Message) -> int:
+        """A publish by the node itself (dead-lettering): forwarded, not confirmed."""
+        from node.broker.queue import SAFE
+        self.publish_from(NODE_ITSELF, message, 0)
+        return SAFE
 
     def get_from(self, channel, no_ack: bool, answer) -> None:
         link = self.link(channel)

@@ -419,3 +419,32 @@ def test_cluster_port_with_mutual_tls(tmp_path):
     finally:
         for m in members:
             m.kill9()
+
+
+def test_dead_letters_and_auto_delete_across_nodes(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _, ch2 = _chan(hare2)
+    ch2.queue_declare("mir7.dlq")                               # homed on hare2
+    _, ch1 = _chan(hare1)
+    ch1.queue_declare("mir7.src", arguments={"x-dead-letter-exchange": "",
+                                             "x-dead-letter-routing-key": "mir7.dlq"})
+    ch1.basic_publish("", "mir7.src", b"dead")
+    m, _, _ = ch1.basic_get("mir7.src")
+    ch1.basic_reject(m.delivery_tag, requeue=False)
+    got = wait_until(lambda: ch2.basic_get("mir7.dlq", auto_ack=True)[2], timeout=5,
+                     message="dead letter never reached the queue on another node")
+    assert got == b"dead"
+    # an auto-delete queue on hare3 goes away everywhere when its last consumer leaves
+    c3, ch3 = _chan(hare3)
+    ch3.queue_declare("mir7.auto", auto_delete=True)
+    tag = ch3.basic_consume("mir7.auto", lambda *a: None)
+    ch3.basic_cancel(tag)
+
+    def gone_on_hare1():
+        try:
+            _chan(hare1)[1].queue_declare("mir7.auto", passive=True)
+            return False
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            return exc.reply_code == 404
+    wait_until(gone_on_hare1, timeout=5, message="auto-delete queue still known on hare1")

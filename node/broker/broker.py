@@ -254,6 +254,14 @@ class Broker(Persistence):
         if self.store is not None:
             self.store.save_meta(self._snapshot)
 
+    def queue_unused(self, vhost: VHost, queue) -> None:
+        if self.cluster is None:
+            vhost.remove_queue(queue)
+            return
+        self.cluster.submit({"op": "queue.delete", "vhost": vhost.name, "name": queue.name, "if_unused": False,
+                             "if_empty": False, "owner": getattr(queue.exclusive_owner, "key", None)},
+                            lambda *_: None)
+
     def new_queue_id(self) -> int:
         queue_id = self.next_queue_id
         self.next_queue_id += 1

@@ -57,6 +57,9 @@ class Persistence:
     def new_queue_id(self) -> int:
         return 0
 
+    def queue_unused(self, vhost: "VHost", queue: Queue) -> None:
+        vhost.remove_queue(queue)
+
 
 class VHost:
     def __init__(self, name: str, persistence: Persistence | None = None):
@@ -324,8 +327,9 @@ class VHost:
                 target.publish(dead)
 
     def _auto_delete_queue(self, queue: Queue) -> None:
+        """auto-delete (last consumer gone) or x-expires: the queue goes, cluster-wide if clustered."""
         if self.queues.get(queue.name) is queue:
-            self.remove_queue(queue)
+            self.persistence.queue_unused(self, queue)
 
     def delete_queue(self, name: str, if_unused: bool, if_empty: bool, owner, method=None) -> int:
         queue = self.queues.get(name)
