@@ -18,6 +18,10 @@ from node.protocol.replies import AMQPError
 from .rpc import cluster_pb2 as pb
 
 
+# What this version's cluster does, for tools that must not compare unlike things.
+FEATURES = ["replicated-metadata", "remote-queues", "pause-minority"]
+
+
 class ControlError(Exception):
     """A command failed for a reason the operator should read."""
 
@@ -84,6 +88,7 @@ class Control:
             "paused": membership.paused,
             "leader": self.node.leader_name(),
             "alarms": sorted(self.broker.alarms),
+            "features": FEATURES,
         }
 
     async def list_queues(self, args: dict) -> list:
