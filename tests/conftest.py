@@ -24,6 +24,7 @@ Helpers (import them with ``from tests.conftest import ...``):
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -64,8 +65,24 @@ needs_process = pytest.mark.skipif(
 
 # --------------------------------------------------------------------------- utilities
 
+_PORTS = random.Random()
+
+
 def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
+    """A TCP port that was free a moment ago on 127.0.0.1.
+
+    Chosen below the kernel's ephemeral range (32768+), so that the sockets
+    clients, proxies and gRPC open meanwhile cannot take it before the node
+    binds it.
+    """
+    for _ in range(200):
+        port = _PORTS.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((HOST, 0))
         return s.getsockname()[1]
