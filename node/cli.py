@@ -34,6 +34,9 @@ def _env(flag: str, default=None):
     return os.environ.get("HAREMQ_" + flag.upper().replace("-", "_"), default)
 
 
+_port.__name__ = "port"
+
+
 def _peer(value: str) -> tuple[str, str]:
     name, sep, address = value.partition("=")
     if not sep or not name or ":" not in address:
@@ -41,9 +44,16 @@ def _peer(value: str) -> tuple[str, str]:
     return name, address
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A wrong flag is one line on stderr (and exit 2), not the whole usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="haremq", description="HareMQ message broker")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineParser(prog="haremq", description="HareMQ message broker")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     node = sub.add_parser("node", help="run one broker node in the foreground")
     node.add_argument("--name", default=_env("name", "hare"), help="node name (default: hare)")
     node.add_argument("--data-dir", type=Path, default=Path(_env("data-dir", "./haremq-data")),
