@@ -339,19 +339,30 @@ class Raft:
         return index, result
 
     async def propose(self, command: dict) -> object:
-        """Commit a command cluster-wide; return what applying it here returned."""
+        """Commit a command cluster-wide; return what applying it here returned.
+
+        A follower hands it to the leader; while there is none (an election after the
+        leader died) it waits and tries again, up to PROPOSE_TIMEOUT.
+        """
         data = json.dumps(command).encode()
-        if self.role == "leader":
-            return (await self._lead(data))[1]
-        leader = self.membership.peers.get(self.leader or "")
-        if leader is None:
-            raise NotLeader("no metadata leader is known")
-        reply = await leader.stub.Propose(pb.ProposeRequest(command=data), timeout=PROPOSE_TIMEOUT,
-                                          metadata=self.membership.metadata())
-        if not reply.ok:
-            raise NotLeader(reply.error)
-        await self.wait_applied(reply.index)
-        return json.loads(reply.result) if reply.result else None
+        deadline = time.monotonic() + PROPOSE_TIMEOUT
+        while True:
+            if self.role == "leader":
+                return (await self._lead(data))[1]
+            leader = self.membership.peers.get(self.leader or "")
+            if leader is not None and self.membership.is_up(leader.name):
+                try:
+                    reply = await leader.stub.Propose(
+                        pb.ProposeRequest(command=data), metadata=self.membership.metadata(),
+                        timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                    if reply.ok:
+                        await self.wait_applied(reply.index)
+                        return json.loads(reply.result) if reply.result else None
+                except grpc.aio.AioRpcError:
+                    pass
+            if time.monotonic() > deadline:
+                raise NotLeader("no metadata leader answered")
+            await asyncio.sleep(0.05)
 
     async def wait_applied(self, index: int, timeout: float = PROPOSE_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout

@@ -448,3 +448,17 @@ def test_dead_letters_and_auto_delete_across_nodes(cluster):
         except pika.exceptions.ChannelClosedByBroker as exc:
             return exc.reply_code == 404
     wait_until(gone_on_hare1, timeout=5, message="auto-delete queue still known on hare1")
+
+
+def test_metadata_changes_go_on_after_the_leader_dies(cluster):
+    members, _ = cluster
+    leader = wait_until(lambda: ctl_json(members[0], "cluster-status")["leader"], timeout=10)
+    victim = next(m for m in members if m.name == leader)
+    survivors = [m for m in members if m is not victim]
+    victim.kill9()
+    for m in survivors:      # an election happens meanwhile; the declare waits for it
+        c, ch = _chan(m)
+        ch.queue_declare(f"after.leader.{m.name}", durable=True)
+        c.close()
+    new_leader = wait_until(lambda: ctl_json(survivors[0], "cluster-status")["leader"], timeout=10)
+    assert new_leader in {m.name for m in survivors}
