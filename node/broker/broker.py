@@ -34,8 +34,10 @@ class Broker(Persistence):
         self.alarms: set[str] = set()
         self.resources = None             # node.alarms.ResourceMonitor, set by the node
         self.log = structlog.get_logger("haremq.broker").bind(node=node_name)
+        self.confirming: set = set()   # sessions with confirms to send
         if store is not None:
             store.on_failure = self._store_failure
+            store.after_batch = self._send_confirms
 
     def server_properties(self) -> dict:
         return {
@@ -233,6 +235,13 @@ class Broker(Persistence):
         if self.resources is None:
             return {"alarms": sorted(self.alarms)}
         return self.resources.status()
+
+    def _send_confirms(self) -> None:
+        """A write is durable: send the confirms it released now, not on the next loop pass."""
+        sessions, self.confirming = self.confirming, set()
+        for session in sessions:
+            if not session.closed:
+                session.write_out()
 
     def _store_failure(self, error) -> None:
         self.set_alarm("disk", error is not None)

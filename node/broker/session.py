@@ -104,6 +104,7 @@ class Session:
         """A channel has confirms to send; they go out, coalesced, at the next drain."""
         if not self._confirm_channels:
             self.wakeup()
+            self.broker.confirming.add(self)
         self._confirm_channels.add(channel)
 
     def data_to_send(self) -> bytes:

@@ -81,6 +81,7 @@ class MessageStore:
         self.durable_upto = (1, 0)
         self.failed: OSError | None = None
         self.on_failure: Callable[[OSError | None], None] | None = None
+        self.after_batch: Callable[[], None] | None = None   # the waiters of a batch have run
         self.stats = {"batches": 0, "fsyncs": 0, "records": 0, "bytes": 0, "sync_seconds": 0.0,
                       "compacted": 0, "segments_removed": 0}
         self._pending: list[list] = []          # [[segment, offset, [chunks], size]]
@@ -273,6 +274,8 @@ class MessageStore:
                 self._kick_handle = self._loop.call_later(RETRY_INTERVAL, self._kick)
         for fn, args in waiters:
             fn(ok, *args)
+        if waiters and self.after_batch is not None:
+            self.after_batch()
         self._remove_dead_segments()
         if ok and (self._pending or self._pending_meta is not None or self._pending_remove
                    or self._pending_waiters):
