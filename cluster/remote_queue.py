@@ -50,6 +50,7 @@ class QueueLink:
         self.calls: asyncio.Queue = asyncio.Queue()
         self.gets: deque = deque()          # callbacks waiting for a get answer, in order
         self.consumers: dict[str, object] = {}
+        self.unconfirmed: set[int] = set()
         self.closed = False
         peer = queue.peers(queue.home)
         if peer is None or peer.stub is None or not queue.home_up(queue.home):
@@ -76,6 +77,7 @@ class QueueLink:
             async for event in self._call:
                 kind = event.WhichOneof("event")
                 if kind == "confirm":
+                    self.unconfirmed.difference_update(event.confirm.seqs)
                     if channel.confirms is not None and not channel.closed:
                         for seq in event.confirm.seqs:
                             channel.confirms.settle(seq, event.confirm.ok)
@@ -111,12 +113,27 @@ class QueueLink:
             if not self.closed and not channel.closed:
                 structlog.get_logger("haremq.cluster").warning(
                     "link to queue home lost", queue=self.queue.name, home=self.queue.home, code=exc.code().name)
-                channel.session.fail_channel(channel.id, AMQPError(
-                    ReplyCode.NOT_FOUND, f"home node of {self.queue.describe()} is down", 60, 0))
-                channel.session.wakeup()
+                self._lost()
         finally:
+            self.closed = True
             while self.gets:
                 self.gets.popleft()(None, 0)
+
+    def _lost(self) -> None:
+        """The home node went away: the channel stays open. Unconfirmed publishes are nacked
+        (CONF-5: the client may republish) and consumers get basic.cancel; what they had not
+        acked goes back to the queue on the home node when it returns."""
+        channel = self.channel
+        if self.unconfirmed and channel.confirms is not None:
+            for seq in sorted(self.unconfirmed):
+                channel.confirms.settle(seq, False)
+            channel.session.note_confirms(channel)
+        self.unconfirmed.clear()
+        for tag, consumer in list(self.consumers.items()):
+            self.queue.consumers_remove(consumer)
+            channel.consumer_cancelled_by_broker(consumer)
+        self.consumers.clear()
+        channel.session.wakeup()
 
     def close(self) -> None:
         if not self.closed:
@@ -211,7 +228,16 @@ class RemoteQueue:
 
     # ---- what a channel does with a queue --------------------------------------------------
     def publish_from(self, channel, message: Message, seq: int) -> None:
-        self.link(channel).send(pb.QueueCall(publish=pb.QueueCall.Publish(seq=seq, message=message_to_pb(message))))
+        """Forward a publish; while the home node is down it is nacked (or dropped without confirms)."""
+        try:
+            link = self.link(channel)
+        except AMQPError:
+            if seq and channel.confirms is not None:
+                channel.confirms.settle(seq, False)
+            return
+        if seq:
+            link.unconfirmed.add(seq)
+        link.send(pb.QueueCall(publish=pb.QueueCall.Publish(seq=seq, message=message_to_pb(message))))
 
     def publish(self, message: Message) -> int:
         """A publish by the node itself (dead-lettering): forwarded, not confirmed."""

@@ -462,3 +462,22 @@ def test_metadata_changes_go_on_after_the_leader_dies(cluster):
         c.close()
     new_leader = wait_until(lambda: ctl_json(survivors[0], "cluster-status")["leader"], timeout=10)
     assert new_leader in {m.name for m in survivors}
+
+
+def test_publisher_gets_nacks_not_a_closed_channel_when_a_home_dies(cluster):
+    # CONF-5 across nodes: a publish the broker cannot take responsibility for is nacked
+    members, _ = cluster
+    hare1, hare2, _ = members
+    _, ch1 = _chan(hare1)
+    ch1.queue_declare("home.dies", durable=True)
+    _, ch2 = _chan(hare2)
+    ch2.queue_declare("home.stays")
+    c, pub = _chan(hare2, confirm=True)
+    pub.basic_publish("", "home.dies", b"before", properties=pika.BasicProperties(delivery_mode=2))
+    hare1.kill9()
+    wait_until(lambda: not next(m for m in ctl_json(hare2, "cluster-status")["members"]
+                                if m["name"] == "hare1")["up"], timeout=10)
+    with pytest.raises(pika.exceptions.NackError):
+        pub.basic_publish("", "home.dies", b"while down", properties=pika.BasicProperties(delivery_mode=2))
+    pub.basic_publish("", "home.stays", b"still fine")             # the same channel goes on
+    assert ch2.queue_declare("home.stays", passive=True).method.message_count == 1
