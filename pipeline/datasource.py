@@ -14,8 +14,8 @@ the micro-batch that holds it; a row is counted as written only once HareMQ conf
 Theory of operation
 ===================
 
-Where Spark 4.3 runs each method of a Python streaming source (traced on this machine, see
-/work/shared/NOTES-infra.md "PySpark") decides where the consumer may live:
+Where Spark 4.3 runs each method of a Python streaming source (traced with process ids per
+call) decides where the consumer may live:
 
 * One long-lived Python process on the driver, `python_streaming_source_runner` (a child of the
   driver JVM), creates the reader once per query and calls `initialOffset`, `read(start)` (for

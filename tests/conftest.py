@@ -11,7 +11,7 @@ Every test talks to a broker over TCP, exactly like a real client would.
   reference mode.
 * Reference mode: if ``HAREMQ_TEST_REF_PORT`` is set, nothing is started and
   every fixture points at an already running broker on 127.0.0.1:PORT (a real
-  RabbitMQ 3.10, see /work/shared/bench/rabbitmq_ref.sh). Tests use
+  RabbitMQ 3.10, e.g. Debian's rabbitmq-server on a port of its own). Tests use
   ``unique_name()`` for every queue/exchange, so they do not collide on a
   shared broker. Tests that must control the node process are skipped.
 

@@ -1,4 +1,4 @@
-"""Deployment files (issue 7), checked offline: no Docker, no Kubernetes, no network.
+"""Deployment files, checked offline: no Docker, no Kubernetes, no network.
 
 * deploy/Dockerfile: ARG BASE_IMAGE before FROM, a non-root USER, HEALTHCHECK with
   `haremq health`, the ports, the volume, COPY sources that exist and are not ignored,

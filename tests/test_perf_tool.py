@@ -1,4 +1,4 @@
-"""`haremq perf` (issue 10) against a real `haremq node`: summaries that add up, one-line errors.
+"""`haremq perf` against a real `haremq node`: summaries that add up, one-line errors.
 
 No timing assertions: the machine is shared, only the bookkeeping is checked.
 """
