@@ -150,6 +150,21 @@ class Control:
                          "blocked": session.blocked})
         return rows
 
+    def _homed_here(self, args: dict):
+        vhost = self.broker.vhosts.get(args["vhost"])
+        queue = vhost.queues.get(args["name"]) if vhost is not None else None
+        if queue is None or hasattr(queue, "home"):
+            raise ControlError(f"no queue '{args['name']}' homed on {self.node.name}")
+        return queue
+
+    async def purge_queue(self, args: dict) -> dict:
+        """queue.purge asked by another node for a queue homed here."""
+        return {"message_count": self._homed_here(args).purge()}
+
+    async def queue_stats(self, args: dict) -> dict:
+        queue = self._homed_here(args)
+        return {"message_count": queue.message_count, "consumer_count": queue.consumer_count}
+
     async def forget_node(self, args: dict) -> dict:
         name = args["node"]
         if name == self.node.name:
@@ -179,6 +194,8 @@ COMMANDS = {
     "list_bindings": Control.list_bindings,
     "list_connections": Control.list_connections,
     "forget_node": Control.forget_node,
+    "purge_queue": Control.purge_queue,
+    "queue_stats": Control.queue_stats,
     "broker_call": Control.broker_call,
 }
 

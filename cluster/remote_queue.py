@@ -291,8 +291,36 @@ class RemoteQueue:
     def touch(self) -> None:
         return None      # x-expires is the home node's business
 
-    def purge(self) -> int:
-        raise AMQPError(ReplyCode.NOT_IMPLEMENTED, f"purge of {self.describe()} from another node", 50, 30)
+    def purge_from(self, answer) -> None:
+        """queue.purge on the home node; answer(count, error) when it has done it."""
+        self._ask_home("purge_queue", lambda r: r["message_count"], answer, 30)
+
+    def stats_from(self, answer) -> None:
+        """The home node's message and consumer counts (a passive declare via another node)."""
+        self._ask_home("queue_stats", lambda r: (r["message_count"], r["consumer_count"]), answer, 10)
+
+    def _ask_home(self, command: str, pick, answer, method_id: int) -> None:
+        down = AMQPError(ReplyCode.NOT_FOUND, f"home node of {self.describe()} is down", 50, method_id)
+        peer = self.peers(self.home)
+        if peer is None or peer.stub is None or not self.home_up(self.home):
+            answer(None, down)
+            return
+
+        async def call():
+            import json
+            try:
+                reply = await peer.stub.Control(pb.ControlRequest(
+                    command=command, arguments=json.dumps({"vhost": self.vhost, "name": self.name}).encode()),
+                    timeout=10.0, metadata=self.metadata())
+            except grpc.aio.AioRpcError:
+                answer(None, down)
+                return
+            if not reply.ok:
+                answer(None, AMQPError(ReplyCode.NOT_FOUND, f"no {self.describe()}", 50, method_id))
+                return
+            answer(pick(json.loads(reply.result)), None)
+
+        asyncio.ensure_future(call())
 
     def mark_deleted(self) -> list:
         self.deleted = True

@@ -481,3 +481,30 @@ def test_publisher_gets_nacks_not_a_closed_channel_when_a_home_dies(cluster):
         pub.basic_publish("", "home.dies", b"while down", properties=pika.BasicProperties(delivery_mode=2))
     pub.basic_publish("", "home.stays", b"still fine")             # the same channel goes on
     assert ch2.queue_declare("home.stays", passive=True).method.message_count == 1
+
+
+def test_purge_from_another_node(cluster):
+    members, _ = cluster
+    hare1, hare2, _ = members
+    _, ch1 = _chan(hare1)
+    ch1.queue_declare("purge.me")
+    for _ in range(7):
+        ch1.basic_publish("", "purge.me", b"x")
+    _, ch2 = _chan(hare2)
+    assert ch2.queue_purge("purge.me").method.message_count == 7
+    assert ch1.queue_declare("purge.me", passive=True).method.message_count == 0
+
+
+def test_passive_declare_via_another_node_reports_the_home_counts(cluster):
+    members, _ = cluster
+    hare1, _, hare3 = members
+    _, ch1 = _chan(hare1)
+    ch1.queue_declare("counted")
+    ch1.basic_consume("counted", lambda *a: None)
+    _, ch3 = _chan(hare3)
+    for _ in range(3):
+        ch3.basic_publish("", "counted", b"x")
+    ok = ch3.queue_declare("counted", passive=True).method
+    assert ok.consumer_count == 1
+    ok2 = ch3.queue_declare("counted").method        # an equivalent redeclare, through the cluster
+    assert ok2.consumer_count == 1

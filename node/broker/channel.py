@@ -131,10 +131,13 @@ class Channel:
             self.session.fail_channel(self.id, err)
         else:
             try:
-                self._reply(reply(result), nowait)
+                method = reply(result)
             except AMQPError as exc:
                 self.session.fail_channel(self.id, exc)
                 return
+            if method is None:
+                return     # the reply needs one more answer (from a queue's home node); it releases us
+            self._reply(method, nowait)
         self.held = False
         self.session.resume(self)
 
@@ -251,19 +254,28 @@ class Channel:
                            "auto_delete": m.auto_delete, "arguments": meta.encode_table(m.arguments or {}),
                            "owner": self.session.key if m.exclusive else None,
                            "home": self.session.broker.cluster.name}, m,
-                          lambda _r: self._declared(name), m.nowait)
+                          lambda _r: self._declared(name, m.nowait), m.nowait)
             return
         queue = self.vhost.declare_queue(name, m.passive, m.durable, m.exclusive, m.auto_delete,
                                          m.arguments, self.session, m, server_named=server_named)
+        if hasattr(queue, "stats_from"):    # homed on another node: its counts come from there
+            self.last_queue = queue.name
+            self.held = True
+            queue.stats_from(lambda counts, err: self._remote_declared(queue.name, counts, err, m.nowait))
+            return
         if queue.exclusive_owner is self.session:
             self.session.exclusive_queues.add(queue)
         self.last_queue = queue.name
         self._reply_durable(cmd.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count),
                              m.nowait)
 
-    def _declared(self, name: str):
-        """declare-ok for a queue the cluster has just declared."""
+    def _declared(self, name: str, nowait: bool = False):
+        """declare-ok for a queue the cluster has just declared (None: it comes from the home node)."""
         queue = self.vhost.queues[name]
+        if hasattr(queue, "stats_from"):
+            self.last_queue = name
+            queue.stats_from(lambda counts, err: self._remote_declared(name, counts, err, nowait))
+            return None
         if queue.exclusive_owner is self.session:
             self.session.exclusive_queues.add(queue)
         self.last_queue = name
@@ -301,7 +313,31 @@ class Channel:
     def _queue_purge(self, m) -> None:
         self.session.access.check(READ, "queue", self._queue_name(m.queue, m), m)
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
+        if hasattr(queue, "purge_from"):    # homed on another node: reply when it has purged
+            self.held = True
+            queue.purge_from(lambda count, err: self._purged(count, err, m.nowait))
+            return
         self._reply(cmd.Queue.PurgeOk(queue.purge()), m.nowait)
+
+    def _remote_declared(self, name: str, counts, err, nowait: bool) -> None:
+        if self.closed:
+            return
+        if err is not None:
+            self.session.fail_channel(self.id, err)
+            return
+        self._reply(cmd.Queue.DeclareOk(name, *counts), nowait)
+        self.held = False
+        self.session.resume(self)
+
+    def _purged(self, count, err, nowait: bool) -> None:
+        if self.closed:
+            return
+        if err is not None:
+            self.session.fail_channel(self.id, err)
+            return
+        self._reply(cmd.Queue.PurgeOk(count), nowait)
+        self.held = False
+        self.session.resume(self)
 
     def _queue_delete(self, m) -> None:
         self.session.access.check(CONFIGURE, "queue", self._queue_name(m.queue, m), m)
