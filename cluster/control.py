@@ -97,7 +97,7 @@ class Control:
             seen = {(r["vhost"], r["name"]) for r in rows}
             for vname, vhost in self.broker.vhosts.items():   # homes that did not answer
                 for queue in vhost.queues.values():
-                    if (vname, queue.name) not in seen and hasattr(queue, "home"):
+                    if (vname, queue.name) not in seen and queue.remote:
                         rows.append({"name": queue.name, "vhost": vname, "messages": None,
                                      "messages_unacknowledged": None, "consumers": None, "durable": queue.durable,
                                      "auto_delete": queue.auto_delete, "exclusive": queue.exclusive_owner is not None,
@@ -106,7 +106,7 @@ class Control:
         rows = []
         for vname, vhost in self.broker.vhosts.items():
             for queue in vhost.queues.values():
-                if hasattr(queue, "home"):
+                if queue.remote:
                     continue     # a record of a queue mastered elsewhere: its home lists it
                 rows.append({"name": queue.name, "vhost": vname, "messages": queue.message_count,
                              "messages_unacknowledged": queue.unacked, "consumers": queue.consumer_count,
@@ -153,7 +153,7 @@ class Control:
     def _homed_here(self, args: dict):
         vhost = self.broker.vhosts.get(args["vhost"])
         queue = vhost.queues.get(args["name"]) if vhost is not None else None
-        if queue is None or hasattr(queue, "home"):
+        if queue is None or queue.remote:
             raise ControlError(f"no queue '{args['name']}' homed on {self.node.name}")
         return queue
 

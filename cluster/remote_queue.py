@@ -181,6 +181,7 @@ class RemoteQueue:
     """The cluster-wide record of a queue homed elsewhere, usable like a local queue."""
 
     store = None
+    remote = True
     single_active = False     # x-single-active-consumer is enforced by the home node
 
     def __init__(self, name: str, vhost: str, home: str, peers, durable: bool = False, exclusive_owner=None,

@@ -13,7 +13,7 @@ from collections import defaultdict, deque
 
 from pamqp import commands as cmd
 
-from ..protocol.frames import encode_content, encode_deliver
+from ..protocol.frames import encode_content, encode_deliver, shortstr
 from ..protocol.properties import PropertyView, with_reply_to
 from ..protocol.replies import AMQPError, ReplyCode, error
 from ..store import meta
@@ -258,7 +258,7 @@ class Channel:
             return
         queue = self.vhost.declare_queue(name, m.passive, m.durable, m.exclusive, m.auto_delete,
                                          m.arguments, self.session, m, server_named=server_named)
-        if hasattr(queue, "stats_from"):    # homed on another node: its counts come from there
+        if queue.remote:    # homed on another node: its counts come from there
             self.last_queue = queue.name
             self.held = True
             queue.stats_from(lambda counts, err: self._remote_declared(queue.name, counts, err, m.nowait))
@@ -272,7 +272,7 @@ class Channel:
     def _declared(self, name: str, nowait: bool = False):
         """declare-ok for a queue the cluster has just declared (None: it comes from the home node)."""
         queue = self.vhost.queues[name]
-        if hasattr(queue, "stats_from"):
+        if queue.remote:
             self.last_queue = name
             queue.stats_from(lambda counts, err: self._remote_declared(name, counts, err, nowait))
             return None
@@ -313,7 +313,7 @@ class Channel:
     def _queue_purge(self, m) -> None:
         self.session.access.check(READ, "queue", self._queue_name(m.queue, m), m)
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
-        if hasattr(queue, "purge_from"):    # homed on another node: reply when it has purged
+        if queue.remote:    # homed on another node: reply when it has purged
             self.held = True
             queue.purge_from(lambda count, err: self._purged(count, err, m.nowait))
             return
@@ -381,7 +381,7 @@ class Channel:
                             dict(m.arguments or {}))
         self.consumers[tag] = consumer
         self._reply(cmd.Basic.ConsumeOk(tag), m.nowait)
-        if hasattr(queue, "get_from"):
+        if queue.remote:
             self._remote(queue)
         queue.add_consumer(consumer)
 
@@ -403,7 +403,6 @@ class Channel:
             return
         tag = self.next_tag
         self.next_tag = tag + 1
-        from ..protocol.frames import shortstr
         self.session.write(encode_deliver(self.id, shortstr(self.reply_consumer_tag), tag, False,
                                           message.exchange_raw, message.routing_key_raw,
                                           message.props_raw, message.body, self.session.frame_max))
@@ -429,7 +428,7 @@ class Channel:
     def _basic_get(self, m) -> None:
         self.session.access.check(READ, "queue", self._queue_name(m.queue, m), m)
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
-        if hasattr(queue, "get_from"):     # homed on another node: answer when it does
+        if queue.remote:     # homed on another node: answer when it does
             self.held = True
             self._remote(queue).get_from(self, m.no_ack, lambda entry, count: self._got(queue, m.no_ack, entry, count))
             return
@@ -593,14 +592,14 @@ class Channel:
             return
         if confirms is None:
             for queue in queues:
-                if queue.store is None and hasattr(queue, "publish_from"):
+                if queue.remote:
                     self._remote(queue).publish_from(self, message, 0)
                 else:
                     queue.publish(message)
             return
         seq = confirms.publish(len(queues))
         for queue in queues:
-            if queue.store is None and hasattr(queue, "publish_from"):   # homed on another node
+            if queue.remote:   # homed on another node
                 self._remote(queue).publish_from(self, message, seq)
                 continue
             outcome = queue.publish(message)

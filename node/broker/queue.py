@@ -14,6 +14,7 @@ import sys
 from collections import deque
 from typing import Callable
 
+from ..protocol.frames import shortstr
 from ..protocol.replies import AMQPError, ReplyCode, vhost_text
 from ..protocol.properties import PropertyView
 from . import policy as pol
@@ -42,7 +43,6 @@ class Consumer:
 
     def __init__(self, tag: str, channel, queue: "Queue", no_ack: bool, exclusive: bool,
                  prefetch: int, arguments: dict):
-        from ..protocol.frames import shortstr
         self.tag = tag
         self.tag_raw = shortstr(tag)
         self.channel = channel
@@ -61,6 +61,8 @@ class Consumer:
 
 
 class Queue:
+    remote = False      # a RemoteQueue (homed on another node) says True
+
     def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner=None,
                  auto_delete: bool = False, arguments: dict | None = None,
                  on_unused: Callable[["Queue"], None] | None = None, store=None, store_id: int = 0):
