@@ -19,7 +19,7 @@ from .rpc import cluster_pb2 as pb
 
 
 # What this version's cluster does, for tools that must not compare unlike things.
-FEATURES = ["replicated-metadata", "remote-queues", "pause-minority"]
+FEATURES = ["replicated-metadata", "remote-queues", "pause-minority", "mirrored-queues"]
 
 
 class ControlError(Exception):
@@ -101,7 +101,8 @@ class Control:
                         rows.append({"name": queue.name, "vhost": vname, "messages": None,
                                      "messages_unacknowledged": None, "consumers": None, "durable": queue.durable,
                                      "auto_delete": queue.auto_delete, "exclusive": queue.exclusive_owner is not None,
-                                     "node": queue.home, "state": "down", "arguments": _jsonable(queue.arguments)})
+                                     "node": queue.home, "state": "down", "arguments": _jsonable(queue.arguments),
+                                     **self._mirroring(vname, queue.name)})
             return sorted(rows, key=lambda r: (r["vhost"], r["name"]))
         rows = []
         for vname, vhost in self.broker.vhosts.items():
@@ -112,8 +113,43 @@ class Control:
                              "messages_unacknowledged": queue.unacked, "consumers": queue.consumer_count,
                              "durable": queue.durable, "auto_delete": queue.auto_delete,
                              "exclusive": queue.exclusive_owner is not None, "node": self.node.name,
-                             "state": "running", "arguments": _jsonable(queue.arguments)})
+                             "state": "running", "arguments": _jsonable(queue.arguments),
+                             **self._mirroring(vname, queue.name)})
         return rows
+
+    def _mirroring(self, vhost: str, name: str) -> dict:
+        """Master, mirrors, synchronised mirrors, epoch and sync progress of a mirrored queue."""
+        status = self.node.mirroring.status(vhost, name)
+        if not status:
+            return {"mirrors": [], "synchronised_mirrors": [], "epoch": None, "sync": None}
+        progress = status.get("sync_progress") or {}
+        status["sync"] = ", ".join(f"{n} {p}" for n, p in sorted(progress.items())) or None
+        return status
+
+    async def sync_queue(self, args: dict) -> dict:
+        return await self._at_master("sync_queue", args, cancel=False)
+
+    async def cancel_sync_queue(self, args: dict) -> dict:
+        return await self._at_master("cancel_sync_queue", args, cancel=True)
+
+    async def _at_master(self, command: str, args: dict, cancel: bool) -> dict:
+        mirroring = self.node.mirroring
+        state = mirroring.states.get((args["vhost"], args["name"]))
+        if state is None or not state.mirrors:
+            raise ControlError(f"no mirrored queue '{args['name']}' in vhost '{args['vhost']}'")
+        if state.home == self.node.name:
+            try:
+                return mirroring.sync(args["vhost"], args["name"], cancel)
+            except LookupError as exc:
+                raise ControlError(str(exc)) from None
+        peer = self.node.membership.peers.get(state.home)
+        if peer is None or not self.node.membership.is_up(state.home):
+            raise ControlError(f"the master of queue '{args['name']}' ({state.home}) is down")
+        reply = await peer.stub.Control(pb.ControlRequest(command=command, arguments=json.dumps(args).encode()),
+                                        timeout=10.0, metadata=self.node.membership.metadata())
+        if not reply.ok:
+            raise ControlError(reply.error)
+        return json.loads(reply.result)
 
     async def list_exchanges(self, args: dict) -> list:
         rows = []
@@ -197,6 +233,8 @@ COMMANDS = {
     "purge_queue": Control.purge_queue,
     "queue_stats": Control.queue_stats,
     "broker_call": Control.broker_call,
+    "sync_queue": Control.sync_queue,
+    "cancel_sync_queue": Control.cancel_sync_queue,
 }
 
 

@@ -44,9 +44,11 @@ class Peer:
     last_seen: float = 0.0
     paused: bool = False
     leader: str = ""
+    refused: bool = False      # its port refuses connections: the process is gone, no need to wait
+    probe: asyncio.Event | None = None
 
     def is_up(self, now: float, timeout: float) -> bool:
-        return self.last_seen > 0 and now - self.last_seen < timeout
+        return self.last_seen > 0 and not self.refused and now - self.last_seen < timeout
 
 
 class Membership:
@@ -74,6 +76,7 @@ class Membership:
         for peer in self.peers.values():
             peer.channel = transport.channel(peer.address, self.tls, CHANNEL_OPTIONS)
             peer.stub = pbg.ClusterStub(peer.channel)
+            peer.probe = asyncio.Event()
             self._tasks.append(asyncio.create_task(self._ping_loop(peer)))
         self._tasks.append(asyncio.create_task(self._watch()))
         self._evaluate()
@@ -102,6 +105,7 @@ class Membership:
                 reply = await peer.stub.Ping(pb.PingRequest(node=self.name), timeout=1.0,
                                              metadata=self.metadata())
                 peer.last_seen = time.monotonic()
+                peer.refused = False
                 peer.paused = reply.paused
                 peer.leader = reply.leader
                 if not was_up:
@@ -111,9 +115,25 @@ class Membership:
                 if exc.code() == grpc.StatusCode.UNAUTHENTICATED and was_up is not None:
                     self.log.error("member refuses our cluster secret", member=peer.name)
                     was_up = None
+                elif exc.code() == grpc.StatusCode.UNAVAILABLE and peer.last_seen and not peer.refused:
+                    peer.refused = True
+                    self.log.warning("member down: its port refuses connections", member=peer.name)
+                    self._evaluate()
+                if was_up and not peer.is_up(time.monotonic(), self.failure_timeout):
+                    was_up = False
             except asyncio.CancelledError:
                 raise
-            await asyncio.sleep(PING_INTERVAL)
+            try:
+                await asyncio.wait_for(peer.probe.wait(), PING_INTERVAL)
+            except asyncio.TimeoutError:
+                pass
+            peer.probe.clear()
+
+    def probe(self, name: str) -> None:
+        """Something suggests `name` is gone (a stream to it broke): ping it now."""
+        peer = self.peers.get(name)
+        if peer is not None and peer.probe is not None:
+            peer.probe.set()
 
     async def _watch(self) -> None:
         while True:

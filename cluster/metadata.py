@@ -16,7 +16,7 @@ from node.broker.exchange import Exchange
 from node.protocol.replies import AMQPError, ReplyCode
 from node.store import meta
 
-from .remote_queue import RemoteQueue
+from .remote_queue import RemoteQueue, cancel_on_failover
 
 
 def error_result(err: AMQPError) -> dict:
@@ -46,7 +46,9 @@ class MetadataMachine:
         self.peers = peers          # a callable: name -> cluster.membership.Peer | None
         self.call_metadata = call_metadata
         self.is_up = is_up
+        self.on_home_lost = None
         self.recovered: dict[int, list] = {}
+        self.mirroring = None       # cluster.mirroring.Mirroring
         self.log = structlog.get_logger("haremq.metadata").bind(node=node_name)
 
     def apply(self, index: int, command: bytes):
@@ -114,21 +116,28 @@ class MetadataMachine:
             queue = vhost.declare_queue(name, False, c["durable"], c["exclusive"], c["auto_delete"], arguments,
                                         owner, _method(c))
             return {"queue": queue.name, "home": getattr(queue, "home", self.node)}
+        logged = c["durable"] and not c["exclusive"]
         if c["home"] == self.node:
-            logged = c["durable"] and not c["exclusive"]
             queue = vhost.declare_queue(name, False, c["durable"], c["exclusive"], c["auto_delete"], arguments,
                                         owner, _method(c), store_id=index if logged else 0)
             if logged and index in self.recovered:
                 queue.restore(self.recovered.pop(index))
         else:
             vhost.validate_new_queue(name, arguments, _method(c))
-            queue = RemoteQueue(name, vhost.name, c["home"], self.peers, durable=c["durable"],
-                                exclusive_owner=owner if c["exclusive"] else None, auto_delete=c["auto_delete"],
-                                arguments=arguments)
-            queue.metadata = self.call_metadata
-            queue.home_up = self.is_up
+            queue = self._remote_queue(vhost, name, c["home"], c["durable"], owner if c["exclusive"] else None,
+                                       c["auto_delete"], arguments)
             vhost.queues[name] = queue
+        if self.mirroring is not None:
+            self.mirroring.declared(queue, c["home"], index if logged else 0)
         return {"queue": name, "home": c["home"]}
+
+    def _remote_queue(self, vhost, name, home, durable, owner, auto_delete, arguments) -> RemoteQueue:
+        queue = RemoteQueue(name, vhost.name, home, self.peers, durable=durable, exclusive_owner=owner,
+                            auto_delete=auto_delete, arguments=arguments)
+        queue.metadata = self.call_metadata
+        queue.home_up = self.is_up
+        queue.on_home_lost = self.on_home_lost
+        return queue
 
     def _queue_delete(self, index, c):
         vhost = self._vhost(c)
@@ -137,28 +146,108 @@ class MetadataMachine:
             return {"message_count": 0}
         if isinstance(queue, RemoteQueue):
             vhost.remove_queue(queue)
-            return {"message_count": None}
-        count = vhost.delete_queue(c["name"], c["if_unused"], c["if_empty"], self._owner(c.get("owner")),
-                                   _method(c))
+            count = None
+        else:
+            count = vhost.delete_queue(c["name"], c["if_unused"], c["if_empty"], self._owner(c.get("owner")),
+                                       _method(c))
+        if self.mirroring is not None:
+            self.mirroring.deleted(vhost.name, c["name"])
         return {"message_count": count}
 
     def _node_restarted(self, index, c):
-        """A node came back: its transient queues (and exclusive ones) did not survive it."""
+        """A node came back: its transient queues (and exclusive ones) did not survive it, its
+        mirrors start empty, and consumers still waiting for a failover of a queue homed there
+        get basic.cancel."""
         for vhost in self.broker.vhosts.values():
             for queue in list(vhost.queues.values()):
                 home = getattr(queue, "home", self.node)
-                if home == c["node"] and (not queue.durable or queue.exclusive_owner is not None):
+                if home != c["node"]:
+                    continue
+                if not queue.durable or queue.exclusive_owner is not None:
+                    if self.mirroring is not None:
+                        self.mirroring.deleted(vhost.name, queue.name)
                     vhost.remove_queue(queue)
+                elif queue.remote and c["node"] != self.node:
+                    for consumer in queue.abandon():
+                        consumer.channel.consumer_cancelled_by_broker(consumer)
+        if self.mirroring is not None:
+            self.mirroring.node_restarted(c["node"])
         return {}
+
+    def _node_stopping(self, index, c):
+        """A node is shutting down on purpose: ha-promote-on-shutdown decides for its queues."""
+        if self.mirroring is not None:
+            self.mirroring.stopping.add(c["node"])
+        return {}
+
+    # ---- mirrored queues (cluster/mirroring.py) ------------------------------------------------
+    def _queue_promote(self, index, c):
+        if self.mirroring is None:
+            return {}
+        return {"promoted": self.mirroring.promoted(c, self._become_master, self._become_remote)}
+
+    def _queue_mirror_synced(self, index, c):
+        if self.mirroring is not None:
+            self.mirroring.mirror_synced(c)
+        return {}
+
+    def _queue_mirror_dropped(self, index, c):
+        if self.mirroring is not None:
+            self.mirroring.mirror_dropped(c)
+        return {}
+
+    def _become_master(self, state, old, contents) -> None:
+        """This node's mirror is the master now: a real queue from its contents (or, replaying
+        the log after a restart, from the store), with the old handle's bindings and consumers."""
+        vhost = self._vhost({"vhost": state.vhost})
+        queue = vhost.add_queue(state.name, old.durable, None, old.auto_delete, old.arguments, state.store_id)
+        if contents is not None:
+            queue.adopt(contents)
+        elif state.store_id in self.recovered:
+            queue.restore(self.recovered.pop(state.store_id))
+        vhost.rebind(old, queue)
+        for consumer in old.abandon():
+            if cancel_on_failover(consumer) or consumer.channel.closed:
+                consumer.channel.consumer_cancelled_by_broker(consumer)
+            else:
+                consumer.queue = queue
+                queue.add_consumer(consumer)
+                consumer.channel.session.wakeup()
+
+    def _become_remote(self, state, queue) -> None:
+        """Deposed (MIR-5): this node's copy is dropped; it is a mirror, if anything, from now on."""
+        vhost = self._vhost({"vhost": state.vhost})
+        remote = self._remote_queue(vhost, queue.name, state.home, queue.durable, None, queue.auto_delete,
+                                    queue.arguments)
+        vhost.queues[queue.name] = remote
+        vhost.rebind(queue, remote)
+        for consumer in queue.mark_deleted():
+            consumer.channel.consumer_cancelled_by_broker(consumer)
+
+    def discard_unclaimed(self) -> int:
+        """After replaying the log: recovered messages of queues this node no longer masters
+        (it was deposed, or held them as a mirror) are dropped; the master has them."""
+        store = self.broker.store
+        count = 0
+        for store_id, messages in self.recovered.items():
+            ids = [msg_id for msg_id, _delivered in messages]
+            count += len(ids)
+            if store is not None and ids:
+                store.ack(store_id, ids)
+        self.recovered.clear()
+        return count
 
     def _broker_call(self, index, c):
         method = getattr(self.broker, c["method"], None)
         if method is None:
             return {"error": [540, f"NOT_IMPLEMENTED - {c['method']}", 0, 0]}
         try:
-            return {"result": _jsonable(method(*c.get("args", [])))}
+            result = {"result": _jsonable(method(*c.get("args", [])))}
         except (ValueError, KeyError, LookupError) as exc:
             return {"error": [406, f"PRECONDITION_FAILED - {exc}", 0, 0]}
+        if self.mirroring is not None and "polic" in c["method"]:
+            self.mirroring.policies_changed()
+        return result
 
 
 def _method(c):

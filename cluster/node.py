@@ -20,6 +20,7 @@ from .control import Control
 from .metadata import MetadataMachine, raise_result
 from .raft import NotLeader, Raft, RaftStorage
 from .membership import CHANNEL_OPTIONS, Membership
+from .mirroring import Mirroring
 from .rpc import cluster_pb2_grpc as pbg
 from .secret import SecretCheck
 from .service import ClusterService
@@ -48,6 +49,9 @@ class ClusterNode:
         self.metadata = MetadataMachine(name, broker, lambda n: self.membership.peers.get(n),
                                         self.membership.metadata, self.membership.is_up)
         self.raft = Raft(name, self.membership, RaftStorage(Path(data_dir) / "raft"), self.metadata.apply)
+        self.mirroring = Mirroring(self)
+        self.metadata.mirroring = self.mirroring
+        self.metadata.on_home_lost = self.membership.probe
         self._server: grpc.aio.Server | None = None
         self._transition: asyncio.Task | None = None
         self._announced = False
@@ -90,8 +94,15 @@ class ClusterNode:
         self.log.info("cluster port open", address=address, peers=sorted(self.config.peers))
         await self.membership.start()
         await self.raft.start()
+        await self.mirroring.start()
 
     async def stop(self) -> None:
+        if self._announced and self.membership.has_majority:
+            try:     # ha-promote-on-shutdown applies to the queues this node masters
+                await asyncio.wait_for(self.raft.propose({"op": "node.stopping", "node": self.name}), 1.0)
+            except Exception:  # noqa: BLE001 - shutting down regardless
+                pass
+        await self.mirroring.stop()
         await self.raft.stop()
         await self.membership.stop()
         if self._transition is not None:
@@ -122,6 +133,9 @@ class ClusterNode:
             try:
                 await self.raft.propose({"op": "node.restarted", "node": self.name})
                 self._announced = True
+                dropped = self.metadata.discard_unclaimed()
+                if dropped:
+                    self.log.info("dropped recovered messages of queues mastered elsewhere", messages=dropped)
                 return
             except (NotLeader, asyncio.TimeoutError, grpc.aio.AioRpcError) as exc:
                 self.log.info("waiting for the metadata leader", reason=str(exc) or "timeout")

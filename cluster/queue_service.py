@@ -65,12 +65,16 @@ class LinkChannel:
     def handle(self, call) -> None:
         kind = call.WhichOneof("call")
         queue = self.queue
+        if queue.deleted:       # deposed or deleted meanwhile: nothing more is confirmed here
+            if kind == "publish" and call.publish.seq:
+                self._confirm(call.publish.seq, False)
+            return
         if kind == "publish":
             seq = call.publish.seq
             outcome = queue.publish(message_from_pb(call.publish.message))
             if seq:
                 if outcome == LOGGED:
-                    queue.store.when_durable(self._durable, seq)
+                    queue.when_safe(self._durable, seq)
                 else:
                     self._confirm(seq, outcome == SAFE)
         elif kind == "get":
@@ -151,6 +155,11 @@ async def serve_link(broker, request_iterator, context):
     if not isinstance(queue, Queue) or queue.deleted:
         yield pb.QueueEvent(error=pb.QueueEvent.Error(
             code=404, text=f"NOT_FOUND - no queue '{first.open.queue}' in vhost '{first.open.vhost}'"))
+        return
+    mirroring = getattr(broker.cluster, "mirroring", None)
+    moved = mirroring.check_link(first.open.vhost, first.open.queue, first.open.epoch) if mirroring else ""
+    if moved:
+        yield pb.QueueEvent(error=pb.QueueEvent.Error(code=404, text=f"NOT_FOUND - {moved}"))
         return
     link = LinkChannel(queue, events)
 

@@ -151,8 +151,13 @@ class Raft:
                         if peer.name not in self._replicating:
                             self._replicating.add(peer.name)
                             asyncio.ensure_future(self._replicate(peer))
-                elif time.monotonic() > self._deadline and self.membership.has_majority:
-                    await self._elect()
+                else:
+                    now = time.monotonic()
+                    if self.leader and self.leader != self.name and not self.membership.is_up(self.leader):
+                        # the leader is gone (its port refuses us): no need to sit out a full timeout
+                        self._deadline = min(self._deadline, now + random.uniform(0.0, 0.15))
+                    if now > self._deadline and self.membership.has_majority:
+                        await self._elect()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep the consensus loop alive whatever one round did

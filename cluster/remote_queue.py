@@ -56,7 +56,8 @@ class QueueLink:
         if peer is None or peer.stub is None or not queue.home_up(queue.home):
             raise AMQPError(ReplyCode.NOT_FOUND, f"home node of {queue.describe()} is down")
         owner = getattr(channel.session, "key", "")
-        self.calls.put_nowait(pb.QueueCall(open=pb.QueueCall.Open(vhost=queue.vhost, queue=queue.name, owner=owner)))
+        self.calls.put_nowait(pb.QueueCall(open=pb.QueueCall.Open(vhost=queue.vhost, queue=queue.name, owner=owner,
+                                                                  epoch=queue.epoch)))
         self._call = peer.stub.QueueSession(self._requests(), metadata=peer_metadata(queue), wait_for_ready=True)
         self._reader = asyncio.ensure_future(self._read())
 
@@ -113,6 +114,7 @@ class QueueLink:
             if not self.closed and not channel.closed:
                 structlog.get_logger("haremq.cluster").warning(
                     "link to queue home lost", queue=self.queue.name, home=self.queue.home, code=exc.code().name)
+                self.queue.home_lost()
                 self._lost()
         finally:
             self.closed = True
@@ -121,24 +123,41 @@ class QueueLink:
 
     def _lost(self) -> None:
         """The home node went away: the channel stays open. Unconfirmed publishes are nacked
-        (CONF-5: the client may republish) and consumers get basic.cancel; what they had not
-        acked goes back to the queue on the home node when it returns."""
+        (CONF-5: the client may republish). Consumers of a mirrored queue wait for the new
+        master (MIR-8); others get basic.cancel. What they had not acked goes back to the
+        queue: on the new master at once, on the old home when it returns."""
+        self.abandon()
+        if self.queue.mirrored:
+            self.queue.unlink(self.channel)
+            return
+        for tag, consumer in list(self.consumers.items()):
+            self.queue.consumers_remove(consumer)
+            self.channel.consumer_cancelled_by_broker(consumer)
+        self.consumers.clear()
+        self.channel.session.wakeup()
+
+    def abandon(self) -> None:
+        """Stop using this link without telling the home: nack what it did not confirm,
+        answer pending gets with nothing."""
         channel = self.channel
-        if self.unconfirmed and channel.confirms is not None:
+        self.close()
+        if self.unconfirmed and channel.confirms is not None and not channel.closed:
             for seq in sorted(self.unconfirmed):
                 channel.confirms.settle(seq, False)
             channel.session.note_confirms(channel)
         self.unconfirmed.clear()
-        for tag, consumer in list(self.consumers.items()):
-            self.queue.consumers_remove(consumer)
-            channel.consumer_cancelled_by_broker(consumer)
-        self.consumers.clear()
+        while self.gets:
+            self.gets.popleft()(None, 0)
         channel.session.wakeup()
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self.calls.put_nowait(None)
+
+
+def cancel_on_failover(consumer) -> bool:
+    return bool((consumer.arguments or {}).get("x-cancel-on-ha-failover"))
 
 
 def peer_metadata(queue: "RemoteQueue"):
@@ -183,6 +202,8 @@ class RemoteQueue:
     store = None
     remote = True
     single_active = False     # x-single-active-consumer is enforced by the home node
+    mirrored = False          # set from the metadata log: its consumers survive a failover
+    epoch = 0
 
     def __init__(self, name: str, vhost: str, home: str, peers, durable: bool = False, exclusive_owner=None,
                  auto_delete: bool = False, arguments: dict | None = None):
@@ -200,6 +221,7 @@ class RemoteQueue:
         self.deleted = False
         self.remote_count = 0
         self.unacked = 0
+        self.on_home_lost = None
         self._links: dict[object, QueueLink] = {}
 
     def __repr__(self) -> str:
@@ -252,9 +274,12 @@ class RemoteQueue:
         link.send(pb.QueueCall(get=pb.QueueCall.Get(no_ack=no_ack)))
 
     def add_consumer(self, consumer) -> None:
+        self.consumers.append(consumer)
+        self._attach(consumer)
+
+    def _attach(self, consumer) -> None:
         link = self.link(consumer.channel)
         link.consumers[consumer.tag] = consumer
-        self.consumers.append(consumer)
         link.send(pb.QueueCall(consume=pb.QueueCall.Consume(
             tag=consumer.tag, no_ack=consumer.no_ack, prefetch=consumer.prefetch or 0, exclusive=consumer.exclusive)))
 
@@ -322,6 +347,39 @@ class RemoteQueue:
             answer(pick(json.loads(reply.result)), None)
 
         asyncio.ensure_future(call())
+
+    # ---- failover (MIR-4, MIR-8) -------------------------------------------------------------
+    def home_lost(self) -> None:
+        """A stream to the home broke: have the membership look at it now."""
+        if self.on_home_lost is not None:
+            self.on_home_lost(self.home)
+
+    def rehome(self, home: str, epoch: int) -> None:
+        """A mirror on `home` is the master now: links to the old one end (their unconfirmed
+        publishes nacked) and consumers re-attach to the new one, unless they asked for
+        x-cancel-on-ha-failover."""
+        self.home = home
+        self.epoch = epoch
+        for consumer in self.abandon():
+            if cancel_on_failover(consumer) or consumer.channel.closed:
+                consumer.channel.consumer_cancelled_by_broker(consumer)
+                continue
+            self.consumers.append(consumer)
+            try:
+                self._attach(consumer)
+            except AMQPError:
+                self.consumers_remove(consumer)
+                consumer.channel.consumer_cancelled_by_broker(consumer)
+            consumer.channel.session.wakeup()
+
+    def abandon(self) -> list:
+        """Drop every link (the master moved): returns the consumers, now attached to nothing."""
+        links, self._links = self._links, {}
+        for link in links.values():
+            link.abandon()
+        consumers = list(self.consumers)
+        self.consumers.clear()
+        return consumers
 
     def mark_deleted(self) -> list:
         self.deleted = True

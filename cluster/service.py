@@ -6,6 +6,7 @@ import json
 import grpc
 
 from .control import ControlError
+from .mirror import serve_mirror
 from .queue_service import serve_link
 from .rpc import cluster_pb2 as pb
 from .rpc import cluster_pb2_grpc as pbg
@@ -31,6 +32,10 @@ class ClusterService(pbg.ClusterServicer):
     async def QueueSession(self, request_iterator, context):
         async for event in serve_link(self.node.broker, request_iterator, context):
             yield event
+
+    async def Mirror(self, request_iterator, context):
+        async for ack in serve_mirror(self.node.mirroring, request_iterator, context):
+            yield ack
 
     async def Control(self, request, context):
         try:

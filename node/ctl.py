@@ -19,7 +19,8 @@ DEFAULT_NODE = "127.0.0.1:25672"
 # command -> (control command, fixed arguments builder, columns for the table)
 LISTINGS = {
     "cluster-status": ("cluster_status", None),
-    "list-queues": ("list_queues", ["name", "vhost", "messages", "messages_unacknowledged", "consumers", "node"]),
+    "list-queues": ("list_queues", ["name", "vhost", "messages", "messages_unacknowledged", "consumers", "node",
+                                    "mirrors", "synchronised_mirrors", "epoch", "sync"]),
     "list-exchanges": ("list_exchanges", ["name", "vhost", "type", "durable", "auto_delete", "internal"]),
     "list-bindings": ("list_bindings", ["source", "vhost", "destination", "destination_type", "routing_key"]),
     "list-connections": ("list_connections", ["node", "peer", "user", "vhost", "channels", "blocked"]),
@@ -75,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "set-policy":
             p.add_argument("--apply-to", default="all", choices=["all", "queues", "exchanges"])
             p.add_argument("--priority", type=int, default=0)
+        p.add_argument("--json", action="store_true")
+    for name in ("sync-queue", "cancel-sync-queue"):
+        p = sub.add_parser(name, help="start (or stop) synchronising a mirrored queue's mirrors")
+        p.add_argument("queue")
+        p.add_argument("-p", "--vhost", default="/")
         p.add_argument("--json", action="store_true")
     p = sub.add_parser("forget-node")
     p.add_argument("member")
@@ -164,6 +170,9 @@ async def _run(args, secret: str) -> None:
     if args.command in LISTINGS:
         command, columns = LISTINGS[args.command]
         result = await control(args.node, secret, command, {}, args.timeout)
+    elif args.command in ("sync-queue", "cancel-sync-queue"):
+        command, columns = args.command.replace("-", "_"), None
+        result = await control(args.node, secret, command, {"vhost": args.vhost, "name": args.queue}, args.timeout)
     elif args.command == "forget-node":
         command, columns = "forget_node", None
         result = await control(args.node, secret, command, {"node": args.member}, args.timeout)

@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -117,14 +118,16 @@ class Message(_message.Message):
 class QueueCall(_message.Message):
     __slots__ = ("open", "publish", "get", "consume", "cancel", "settle", "credit")
     class Open(_message.Message):
-        __slots__ = ("vhost", "queue", "owner")
+        __slots__ = ("vhost", "queue", "owner", "epoch")
         VHOST_FIELD_NUMBER: _ClassVar[int]
         QUEUE_FIELD_NUMBER: _ClassVar[int]
         OWNER_FIELD_NUMBER: _ClassVar[int]
+        EPOCH_FIELD_NUMBER: _ClassVar[int]
         vhost: str
         queue: str
         owner: str
-        def __init__(self, vhost: _Optional[str] = ..., queue: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
+        epoch: int
+        def __init__(self, vhost: _Optional[str] = ..., queue: _Optional[str] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
     class Publish(_message.Message):
         __slots__ = ("seq", "message")
         SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -267,3 +270,57 @@ class ControlReply(_message.Message):
     error: str
     result: bytes
     def __init__(self, ok: bool = ..., error: _Optional[str] = ..., result: _Optional[bytes] = ...) -> None: ...
+
+class MirrorOp(_message.Message):
+    __slots__ = ("kind", "key", "message", "redelivered", "keys")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        ENQUEUE: _ClassVar[MirrorOp.Kind]
+        DELIVER: _ClassVar[MirrorOp.Kind]
+        REMOVE: _ClassVar[MirrorOp.Kind]
+        REQUEUE: _ClassVar[MirrorOp.Kind]
+    ENQUEUE: MirrorOp.Kind
+    DELIVER: MirrorOp.Kind
+    REMOVE: MirrorOp.Kind
+    REQUEUE: MirrorOp.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERED_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    kind: MirrorOp.Kind
+    key: int
+    message: Message
+    redelivered: bool
+    keys: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, kind: _Optional[_Union[MirrorOp.Kind, str]] = ..., key: _Optional[int] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., redelivered: bool = ..., keys: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MirrorBatch(_message.Message):
+    __slots__ = ("vhost", "queue", "epoch", "master", "reset", "base_seq", "snapshot_done", "first_seq", "ops")
+    VHOST_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    BASE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_DONE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    vhost: str
+    queue: str
+    epoch: int
+    master: str
+    reset: bool
+    base_seq: int
+    snapshot_done: bool
+    first_seq: int
+    ops: _containers.RepeatedCompositeFieldContainer[MirrorOp]
+    def __init__(self, vhost: _Optional[str] = ..., queue: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ..., reset: bool = ..., base_seq: _Optional[int] = ..., snapshot_done: bool = ..., first_seq: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[MirrorOp, _Mapping]]] = ...) -> None: ...
+
+class MirrorAck(_message.Message):
+    __slots__ = ("seq", "error")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    error: str
+    def __init__(self, seq: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...

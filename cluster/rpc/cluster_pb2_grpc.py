@@ -64,6 +64,11 @@ class ClusterStub(object):
                 request_serializer=haremq_dot_cluster__pb2.ControlRequest.SerializeToString,
                 response_deserializer=haremq_dot_cluster__pb2.ControlReply.FromString,
                 _registered_method=True)
+        self.Mirror = channel.stream_stream(
+                '/haremq.cluster.Cluster/Mirror',
+                request_serializer=haremq_dot_cluster__pb2.MirrorBatch.SerializeToString,
+                response_deserializer=haremq_dot_cluster__pb2.MirrorAck.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer(object):
@@ -110,6 +115,14 @@ class ClusterServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Mirror(self, request_iterator, context):
+        """Mirrored queues: one stream per (queue, mirror), master -> mirror; the mirror
+        answers with the highest sequence it has applied (and fsynced where the master does).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +155,11 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.Control,
                     request_deserializer=haremq_dot_cluster__pb2.ControlRequest.FromString,
                     response_serializer=haremq_dot_cluster__pb2.ControlReply.SerializeToString,
+            ),
+            'Mirror': grpc.stream_stream_rpc_method_handler(
+                    servicer.Mirror,
+                    request_deserializer=haremq_dot_cluster__pb2.MirrorBatch.FromString,
+                    response_serializer=haremq_dot_cluster__pb2.MirrorAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +324,33 @@ class Cluster(object):
             '/haremq.cluster.Cluster/Control',
             haremq_dot_cluster__pb2.ControlRequest.SerializeToString,
             haremq_dot_cluster__pb2.ControlReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Mirror(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/haremq.cluster.Cluster/Mirror',
+            haremq_dot_cluster__pb2.MirrorBatch.SerializeToString,
+            haremq_dot_cluster__pb2.MirrorAck.FromString,
             options,
             channel_credentials,
             insecure,

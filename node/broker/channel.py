@@ -604,7 +604,7 @@ class Channel:
                 continue
             outcome = queue.publish(message)
             if outcome == LOGGED:
-                queue.store.when_durable(self._on_durable, seq)
+                queue.when_safe(self._on_durable, seq)
             else:
                 confirms.settle(seq, outcome == SAFE)
 

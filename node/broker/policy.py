@@ -39,6 +39,9 @@ OTHER_KEYS = {"ha-mode", "ha-params", "ha-sync-mode", "ha-promote-on-shutdown", 
               "federation-upstream-set", "max-age", "stream-max-segment-size-bytes", "queue-version",
               "max-in-memory-length", "max-in-memory-bytes", "consumer-timeout"}
 APPLY_TO = ("all", "queues", "exchanges")
+HA_MODES = ("all", "exactly", "nodes")
+HA_SYNC_MODES = ("manual", "automatic")
+HA_PROMOTE = ("when-synced", "always")
 _INT_KEYS = {"message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit"}
 
 
@@ -84,9 +87,37 @@ def validate(name: str, pattern: str, definition: dict, priority: int, apply_to:
     if overflow is not None and overflow not in ("drop-head", "reject-publish", "reject-publish-dlx"):
         raise PolicyError(f"Validation failed\n\n{overflow!r} is not a valid overflow value")
     try:
+        validate_ha(definition)
+    except ValueError as exc:
+        raise PolicyError(f"Validation failed\n\n{exc}") from None
+    try:
         return Policy(name, pattern, dict(definition), int(priority), apply_to)
     except re.error as exc:
         raise PolicyError(f"Validation failed\n\ninvalid pattern {pattern!r}: {exc}") from None
+
+
+def validate_ha(definition: dict) -> None:
+    """Mirroring keys (cluster/ha.py places the mirrors): ValueError if they do not make sense."""
+    mode = definition.get("ha-mode")
+    params = definition.get("ha-params")
+    if mode is None:
+        if any(k.startswith("ha-") for k in definition):
+            raise ValueError("ha-mode must be given with other ha-* keys")
+        return
+    if mode not in HA_MODES:
+        raise ValueError(f"ha-mode {mode!r} is not one of {', '.join(HA_MODES)}")
+    if mode == "all" and params is not None:
+        raise ValueError("ha-params must not be given with ha-mode all")
+    if mode == "exactly" and (isinstance(params, bool) or not isinstance(params, int) or params < 1):
+        raise ValueError(f"ha-params must be a positive integer with ha-mode exactly (got {params!r})")
+    if mode == "nodes" and (not isinstance(params, list) or not params
+                            or not all(isinstance(n, str) for n in params)):
+        raise ValueError(f"ha-params must be a list of node names with ha-mode nodes (got {params!r})")
+    if definition.get("ha-sync-mode", "manual") not in HA_SYNC_MODES:
+        raise ValueError(f"ha-sync-mode {definition['ha-sync-mode']!r} is not one of {', '.join(HA_SYNC_MODES)}")
+    for key in ("ha-promote-on-failure", "ha-promote-on-shutdown"):
+        if definition.get(key, "when-synced") not in HA_PROMOTE:
+            raise ValueError(f"{key} {definition[key]!r} is not one of {', '.join(HA_PROMOTE)}")
 
 
 def winning(policies, kind: str, name: str) -> Policy | None:

@@ -106,6 +106,7 @@ class Queue:
         self._expiry_at = 0.0
         self._unused_timer = None
         self._returns: dict[Entry, int] = {}     # x-delivery-limit: times each entry came back
+        self.replica = None                      # cluster.replicator.Replicator while mirrored
         self._resolve()
 
     # ---- settings: x- arguments and policy ---------------------------------------------
@@ -173,7 +174,9 @@ class Queue:
         expires = 0.0
         if self.ttl is not None or message.expiration is not None:
             expires = self._deadline(message)
-        if store is None:
+        if self.replica is not None:
+            outcome = self._publish_mirrored(message, expires)
+        elif store is None:
             self.ready.append(Entry(message, next(self._seq), False, 0, expires))
             self.ready_bytes += len(message.body)
         else:
@@ -204,6 +207,72 @@ class Queue:
         elif self.consumers:
             self.dispatch()
         return outcome
+
+    def _publish_mirrored(self, message: Message, expires: float) -> int:
+        """Mirrored: kept in memory (never paged out), logged when persistent, and always
+        LOGGED: safe only once every synchronised mirror has it too (see when_safe)."""
+        msg_id = 0
+        if self.store is not None and message.persistent:
+            msg_id = self.store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
+                                        message.props_raw, message.body)
+        entry = Entry(message, next(self._seq), False, msg_id, expires)
+        self.ready.append(entry)
+        self.ready_bytes += len(message.body)
+        self.replica.enqueue(entry)
+        return LOGGED
+
+    def when_safe(self, fn: Callable, *args) -> None:
+        """After a LOGGED publish: fn(ok, *args) once that message is durable here and, for a
+        mirrored queue, held (and durable) on every synchronised mirror (CONF-4, MIR-3)."""
+        replica = self.replica
+        if replica is None:
+            self.store.when_durable(fn, *args)
+        elif self.store is None:
+            replica.when_replicated(replica.seq, True, fn, args)
+        else:
+            self.store.when_durable(replica.when_replicated_after, replica.seq, fn, args)
+
+    def attach_replica(self, replica) -> None:
+        """Become a mirrored queue's master: every later change goes to `replica` too.
+        Paged-out messages are read back first: a mirrored queue keeps its messages in memory."""
+        if self.tail and not all(self.store.is_durable(m) for m in self.tail):
+            self.store.when_durable(lambda _ok: self.attach_replica(replica) if not self.deleted else None)
+            return
+        self._head_limit = sys.maxsize
+        while self.tail:
+            msg_id = self.tail.popleft()
+            entry = self._load(msg_id)
+            self.tail_bytes -= len(entry.message.body)
+            self.ready.append(entry)
+            self.ready_bytes += len(entry.message.body)
+        self.replica = replica
+        replica.start(self)
+
+    def detach_replica(self):
+        replica, self.replica = self.replica, None
+        if self.max_priority is None:
+            self._head_limit = HEAD_LIMIT
+        return replica
+
+    def adopt(self, contents) -> None:
+        """A promoted mirror's messages (MIR-4), oldest first: (key, message, delivered, msg_id).
+        Those delivered on the old master come back redelivered; TTLs count from now."""
+        now = monotonic()
+        last = 0
+        for key, message, delivered, msg_id in contents:
+            expires = 0.0
+            if self.ttl is not None or message.expiration is not None:
+                ttl = self.ttl
+                if message.expiration is not None and (ttl is None or message.expiration < ttl):
+                    ttl = message.expiration
+                expires = now + ttl / 1000.0
+                self.expiring = True
+            self.ready.append(Entry(message, key, delivered, msg_id, expires))
+            self.ready_bytes += len(message.body)
+            last = max(last, key)
+        self._seq = itertools.count(last + 1)
+        if self.expiring:
+            self.drop_expired()
 
     # ---- message expiry (x-message-ttl, expiration) ------------------------------------------
     def _deadline(self, message: Message) -> float:
@@ -327,6 +396,8 @@ class Queue:
         if self._returns:
             for entry in entries:
                 self._returns.pop(entry, None)
+        if self.replica is not None:
+            self.replica.remove(entries)
         if self.store is not None:
             ids = [e.msg_id for e in entries if e.msg_id]
             if ids:
@@ -401,6 +472,8 @@ class Queue:
             entry.redelivered = True
             self.ready_bytes += len(entry.message.body)
         self.unacked -= len(entries)
+        if self.replica is not None:
+            self.replica.requeue(entries)
         entries.sort()
         ready = self.ready
         if self.max_priority is not None:
@@ -450,10 +523,12 @@ class Queue:
 
     def _delivered(self, entry: Entry, no_ack: bool) -> None:
         if no_ack:
-            if entry.msg_id:
+            if entry.msg_id or self.replica is not None:
                 self._forget((entry,))
         else:
             self.unacked += 1
+            if self.replica is not None:
+                self.replica.deliver(entry)
             if entry.msg_id and not entry.redelivered:
                 self.store.deliver(self.store_id, entry.msg_id)
 

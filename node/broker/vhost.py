@@ -345,6 +345,14 @@ class VHost:
         self.remove_queue(queue)
         return count
 
+    def rebind(self, old, new) -> None:
+        """A queue's handle changed (its master moved): its bindings follow."""
+        for exchange in self.exchanges.values():
+            for destination, key, arguments in exchange.bindings():
+                if destination is old:
+                    exchange.unbind(old, key, arguments)
+                    exchange.bind(new, key, arguments)
+
     def remove_queue(self, queue: Queue) -> None:
         """Delete a queue: drop its bindings, tell its consumers, forget its messages."""
         self.queues.pop(queue.name, None)

@@ -1,0 +1,288 @@
+"""Mirrored queues on one node: the log's record of each queue, and what this node does about it.
+
+Every node keeps an `HAState` per queue, changed only by metadata entries
+(declare, policy change, promote, mirror synced/dropped, node restarted), so
+all nodes agree on each queue's master, epoch and synchronised mirrors. From
+that record a node knows its part: master (a `Replicator` on its `Queue`),
+mirror (a `MirrorQueue` fed by the master's stream) or neither.
+
+Failover (MIR-4): the metadata leader watches the masters. When a master's
+node is down, it proposes "promote" with epoch + 1 for the oldest synchronised
+mirror that is up (or, with ha-promote-on-failure=always, any mirror). The
+queue stays down rather than losing data when there is none. The entry moves
+the queue everywhere at once: the new master builds its queue from its
+mirror, requeueing what was delivered and not acked; other nodes re-link
+their publishers and consumers to it; a deposed master that comes back finds
+itself fenced by the epoch and rejoins as a mirror.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from node.broker.policy import winning
+
+from .ha import HAState, mirror_nodes
+from .mirror import MirrorQueue
+from .replicator import Replicator
+
+TICK = 0.05
+
+
+class Mirroring:
+    def __init__(self, node):
+        self.cluster = node                  # cluster.node.ClusterNode
+        self.node = node.name
+        self.broker = node.broker
+        self.log = structlog.get_logger("haremq.mirroring").bind(node=node.name)
+        self.states: dict[tuple[str, str], HAState] = {}
+        self.replicators: dict[tuple[str, str], Replicator] = {}
+        self.mirrors: dict[tuple[str, str], MirrorQueue] = {}
+        self.stopping: set[str] = set()      # nodes that said they are shutting down
+        self._promoting: dict[tuple[str, str], int] = {}
+        self._task: asyncio.Task | None = None
+
+    # ---- what components ask of the node ----------------------------------------------------
+    @property
+    def members(self) -> list[str]:
+        return sorted([self.node, *self.cluster.membership.peers])
+
+    def peer(self, name: str):
+        return self.cluster.membership.peers.get(name)
+
+    def is_up(self, name: str) -> bool:
+        return self.cluster.membership.is_up(name)
+
+    def call_metadata(self):
+        return self.cluster.membership.metadata()
+
+    def probe(self, name: str) -> None:
+        self.cluster.membership.probe(name)
+
+    def submit(self, command: dict, done) -> None:
+        """Propose a metadata entry; done(ok) when it is applied here or has failed."""
+        self.cluster.submit(command, lambda _result, err: done(err is None))
+
+    async def start(self) -> None:
+        self._task = asyncio.ensure_future(self._ticker())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for replicator in self.replicators.values():
+            replicator.close(False)
+
+    # ---- the log's record ------------------------------------------------------------------
+    def _definition(self, vhost_name: str, queue_name: str) -> dict:
+        vhost = self.broker.vhosts.get(vhost_name)
+        policy = winning(vhost.policies.values(), "queue", queue_name) if vhost is not None else None
+        if policy is None:
+            return {}
+        return {k: v for k, v in policy.definition.items() if k.startswith("ha-")}
+
+    def declared(self, queue, home: str, store_id: int) -> None:
+        """queue.declare applied (a new queue; exclusive queues are never mirrored)."""
+        if queue.exclusive_owner is not None:
+            return
+        key = (queue.vhost, queue.name)
+        state = HAState(queue.vhost, queue.name, home, durable=queue.durable, store_id=store_id)
+        self.states[key] = state
+        self._place(state)
+
+    def deleted(self, vhost: str, name: str) -> None:
+        key = (vhost, name)
+        self.states.pop(key, None)
+        replicator = self.replicators.pop(key, None)
+        if replicator is not None:
+            replicator.close(True)       # RabbitMQ confirms publishes to a queue deleted meanwhile
+        mirror = self.mirrors.pop(key, None)
+        if mirror is not None:
+            mirror.discard()
+
+    def policies_changed(self) -> None:
+        for state in list(self.states.values()):
+            self._place(state)
+
+    def _place(self, state: HAState) -> None:
+        """Compute the mirrors from the policy and take this node's part."""
+        state.definition = self._definition(state.vhost, state.name)
+        state.mirrors = mirror_nodes(state.definition, state.home, self.members)
+        state.synced = [n for n in state.synced if n in state.mirrors]
+        self._take_part(state)
+
+    def _take_part(self, state: HAState) -> None:
+        key = state.key
+        if self.node not in state.mirrors:
+            mirror = self.mirrors.pop(key, None)
+            if mirror is not None:
+                mirror.discard()
+        queue = self._queue(state)
+        replicator = self.replicators.get(key)
+        if state.home == self.node and queue is not None and not queue.remote and state.mirrors:
+            if replicator is None or replicator.closed:
+                replicator = self.replicators[key] = Replicator(self, state)
+                queue.attach_replica(replicator)
+            else:
+                replicator.set_mirrors(state.mirrors)
+        elif replicator is not None:
+            self.replicators.pop(key)
+            if queue is not None and queue.replica is replicator:
+                queue.detach_replica()
+            replicator.close(state.home == self.node)
+        remote = queue if queue is not None and queue.remote else None
+        if remote is not None:
+            remote.mirrored = bool(state.mirrors)
+            remote.epoch = state.epoch
+
+    def _queue(self, state: HAState):
+        vhost = self.broker.vhosts.get(state.vhost)
+        return vhost.queues.get(state.name) if vhost is not None else None
+
+    def mirror_for(self, state: HAState) -> MirrorQueue:
+        mirror = self.mirrors.get(state.key)
+        if mirror is None:
+            store = self.broker.store if state.durable else None
+            mirror = self.mirrors[state.key] = MirrorQueue(state.vhost, state.name, store,
+                                                            state.store_id if store is not None else 0)
+        return mirror
+
+    def check_stream(self, vhost: str, name: str, epoch: int, master: str) -> str:
+        """Why a mirror stream must be refused (MIR-5 fencing), or '' to take it."""
+        state = self.states.get((vhost, name))
+        if state is None:
+            return f"no queue '{name}' in vhost '{vhost}' here"
+        if epoch != state.epoch or master != state.home:
+            return f"stale epoch: the log says master {state.home} epoch {state.epoch}"
+        if self.node not in state.mirrors:
+            return f"{self.node} is not a mirror of queue '{name}'"
+        return ""
+
+    def check_link(self, vhost: str, name: str, epoch: int) -> str:
+        """A queue link from another node with an older (or newer) view of the master."""
+        state = self.states.get((vhost, name))
+        if state is None or not epoch or (state.epoch == epoch and state.home == self.node):
+            return ""
+        return f"queue '{name}' in vhost '{vhost}' has moved (epoch {state.epoch}, master {state.home})"
+
+    # ---- entries ---------------------------------------------------------------------------------
+    def promoted(self, c: dict, become_master, become_remote) -> bool:
+        """queue.promote: the master moves to c["home"] with epoch c["epoch"]. False if stale."""
+        state = self.states.get((c["vhost"], c["name"]))
+        if state is None or state.epoch != c["from_epoch"]:
+            return False
+        old_home = state.home
+        state.epoch = c["epoch"]
+        state.home = c["home"]
+        state.synced = []
+        state.mirrors = mirror_nodes(state.definition, state.home, self.members)
+        self._promoting.pop(state.key, None)
+        self.log.warning("queue master moved", vhost=state.vhost, queue=state.name, old=old_home,
+                         new=state.home, epoch=state.epoch)
+        queue = self._queue(state)
+        if queue is None:
+            return True
+        replicator = self.replicators.pop(state.key, None)
+        if replicator is not None:
+            if queue.replica is replicator:
+                queue.detach_replica()
+            replicator.close(False)            # a deposed master confirms nothing more
+        if state.home == self.node:
+            mirror = self.mirrors.pop(state.key, None)
+            become_master(state, queue, mirror.contents() if mirror is not None else None)
+        elif not queue.remote:
+            become_remote(state, queue)
+        else:
+            queue.rehome(state.home, state.epoch)
+        self._take_part(state)
+        return True
+
+    def mirror_synced(self, c: dict) -> None:
+        state = self.states.get((c["vhost"], c["name"]))
+        if state is None or state.epoch != c["epoch"] or c["node"] not in state.mirrors:
+            return
+        if c["node"] not in state.synced:
+            state.synced.append(c["node"])
+            self.log.info("mirror synchronised", vhost=state.vhost, queue=state.name, mirror=c["node"])
+        self._synced_changed(state)
+
+    def mirror_dropped(self, c: dict) -> None:
+        state = self.states.get((c["vhost"], c["name"]))
+        if state is None or state.epoch != c["epoch"] or c["node"] not in state.synced:
+            return
+        state.synced.remove(c["node"])
+        self.log.warning("mirror dropped from the in-sync set", vhost=state.vhost, queue=state.name,
+                         mirror=c["node"])
+        self._synced_changed(state)
+
+    def node_restarted(self, node: str) -> None:
+        """A restarted node's mirrors start empty: they are no longer synchronised."""
+        self.stopping.discard(node)
+        for state in self.states.values():
+            if node in state.synced:
+                state.synced.remove(node)
+                self._synced_changed(state)
+
+    def _synced_changed(self, state: HAState) -> None:
+        replicator = self.replicators.get(state.key)
+        if replicator is not None:
+            replicator.on_synced_changed()
+
+    # ---- the leader's watch, and housekeeping ------------------------------------------------
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            try:
+                self._tick()
+            except Exception:  # noqa: BLE001 - never let one bad round stop failover
+                self.log.exception("mirroring round failed")
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        timeout = self.cluster.config.failure_timeout
+        for replicator in list(self.replicators.values()):
+            replicator.tick(now, timeout)
+        if self.cluster.raft.role != "leader" or not self.cluster.membership.has_majority:
+            return
+        for state in list(self.states.values()):
+            if not state.mirrors or self.is_up(state.home):
+                continue
+            if self._promoting.get(state.key) == state.epoch:
+                continue
+            successor = state.successor(self.is_up, shutdown=state.home in self.stopping)
+            if successor is None:
+                continue
+            self._promoting[state.key] = state.epoch
+            self.log.warning("master down: promoting a mirror", vhost=state.vhost, queue=state.name,
+                             old=state.home, new=successor, epoch=state.epoch + 1)
+            self.submit({"op": "queue.promote", "vhost": state.vhost, "name": state.name, "home": successor,
+                         "epoch": state.epoch + 1, "from_epoch": state.epoch},
+                        lambda ok, key=state.key: None if ok else self._promoting.pop(key, None))
+
+    # ---- ctl ---------------------------------------------------------------------------------
+    def status(self, vhost: str, name: str) -> dict:
+        state = self.states.get((vhost, name))
+        if state is None or not state.mirrors:
+            return {}
+        row = state.as_json()
+        replicator = self.replicators.get(state.key)
+        if replicator is not None:
+            links = replicator.status()["links"]
+            row["mirror_states"] = {n: link["state"] for n, link in links.items()}
+            row["sync_progress"] = {n: link["sync"] for n, link in links.items() if link["sync"]}
+        return row
+
+    def sync(self, vhost: str, name: str, cancel: bool = False) -> dict:
+        replicator = self.replicators.get((vhost, name))
+        if replicator is None:
+            raise LookupError(f"queue '{name}' in vhost '{vhost}' is not a mirrored queue mastered here")
+        started = []
+        for node, link in replicator.links.items():
+            if cancel and link.phase == "syncing":
+                link.restart(force_sync=False)
+                started.append(node)
+            elif not cancel and link.phase not in ("synced", "catching", "proposing"):
+                link.restart(force_sync=True)
+                started.append(node)
+        return {"queue": name, "mirrors": started}

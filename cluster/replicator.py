@@ -1,0 +1,366 @@
+"""A mirrored queue's master side: every change, in order, to each mirror (MIR-2, MIR-3, MIR-6).
+
+The master's `Queue` reports each change it applies (enqueue, deliver,
+remove, requeue) to its `Replicator`, which numbers it and appends it to one
+shared log. One `MirrorLink` per mirror streams that log over a long-lived
+gRPC call; whatever piled up while the previous batch was on the wire goes as
+one batch, so a busy queue sends many changes per message.
+
+A stream starts with a reset: the queue's contents as of the current sequence
+(all of it with automatic sync or `ctl sync-queue`, nothing with manual sync),
+sent in batches while the queue keeps serving, then the live log.
+
+Synchronisation, one link at a time:
+  syncing  -> the mirror has not yet applied the snapshot;
+  manual   -> no snapshot was sent: waits until every message older than the
+              stream has left the queue (RabbitMQ's manual sync mode);
+  catching -> the mirror holds the snapshot; from now on confirms wait for it
+              too, and it is caught up once it has everything the master had
+              when it entered this phase;
+  proposing-> "mirror synced" is going through the metadata log;
+  synced   -> the log says so: it may be promoted, confirms wait for it.
+Confirms wait for every synced mirror (by the log) and every catching one, so a
+mirror the log calls synchronised holds every message ever confirmed. A synced
+mirror that stops answering is dropped from the log's in-sync set after the
+failure timeout, and only then do confirms go on without it.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+import grpc
+import structlog
+
+from .remote_queue import message_to_pb
+from .rpc import cluster_pb2 as pb
+
+ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, pb.MirrorOp.REMOVE,
+                                     pb.MirrorOp.REQUEUE)
+SNAPSHOT_BATCH = 1000
+MAX_BATCH_OPS = 4000
+IN_CONFIRM_SET = ("catching", "proposing", "synced")
+
+
+class MirrorRefused(Exception):
+    """The mirror would not take the stream (it has not applied our epoch yet, or a newer one)."""
+
+
+class Replicator:
+    def __init__(self, mirroring, state):
+        self.mirroring = mirroring        # cluster.mirroring.Mirroring: peers, proposals, log fields
+        self.state = state                # cluster.ha.HAState, changed only by the metadata log
+        self.queue = None
+        self.seq = 0
+        self.log: list = []               # ops not yet sent on every open stream
+        self.log_start = 1                # sequence of log[0]
+        self.live: dict[int, object] = {}  # key (entry.seq) -> Entry, in enqueue order
+        self.delivered: set[int] = set()
+        self.links: dict[str, MirrorLink] = {}
+        self.waiting: deque = deque()     # (seq, fn, args, since): confirms waiting for mirrors
+        self.closed = False
+        self.log_ = mirroring.log.bind(vhost=state.vhost, queue=state.name, epoch=state.epoch)
+
+    def start(self, queue) -> None:
+        self.queue = queue
+        for entry in sorted(queue.ready, key=lambda e: e.seq):
+            self.live[entry.seq] = entry
+        self.set_mirrors(self.state.mirrors)
+
+    def set_mirrors(self, nodes: list[str]) -> None:
+        for node in list(self.links):
+            if node not in nodes:
+                self.links.pop(node).close()
+        for node in nodes:
+            if node not in self.links and not self.closed:
+                self.links[node] = MirrorLink(self, node)
+        self.release()
+
+    def close(self, ok: bool = False) -> None:
+        """No longer the master (deposed, deleted, unmirrored): waiting confirms get `ok`."""
+        self.closed = True
+        for link in self.links.values():
+            link.close()
+        self.links.clear()
+        waiting, self.waiting = self.waiting, deque()
+        for _seq, fn, args, _since in waiting:
+            fn(ok, *args)
+
+    # ---- changes, as the queue applies them -------------------------------------------------
+    def _push(self, op) -> None:
+        self.seq += 1
+        if not self.links:
+            self.log_start = self.seq + 1
+            return
+        self.log.append(op)
+        for link in self.links.values():
+            link.wake()
+
+    def _push_keys(self, kind, keys: list[int]) -> None:
+        """Settlements in a row merge into one op while no stream has taken it yet."""
+        log = self.log
+        if log and log[-1].kind == kind and all(link.sent_upto < self.seq for link in self.links.values()):
+            log[-1].keys.extend(keys)
+            return
+        self._push(pb.MirrorOp(kind=kind, keys=keys))
+
+    def enqueue(self, entry) -> None:
+        self.live[entry.seq] = entry
+        self._push(pb.MirrorOp(kind=ENQUEUE, key=entry.seq, message=message_to_pb(entry.message),
+                               redelivered=entry.redelivered))
+
+    def deliver(self, entry) -> None:
+        self.delivered.add(entry.seq)
+        self._push_keys(DELIVER, [entry.seq])
+
+    def remove(self, entries) -> None:
+        keys = []
+        live, delivered = self.live, self.delivered
+        for entry in entries:
+            if live.pop(entry.seq, None) is not None:
+                keys.append(entry.seq)
+                delivered.discard(entry.seq)
+        if keys:
+            self._push_keys(REMOVE, keys)
+
+    def requeue(self, entries) -> None:
+        keys = [e.seq for e in entries if e.seq in self.live]
+        self.delivered.difference_update(keys)
+        if keys:
+            self._push_keys(REQUEUE, keys)
+
+    def snapshot(self) -> list:
+        """The queue's contents now, oldest first, each flagged if it was ever delivered."""
+        delivered = self.delivered
+        return [(e, e.redelivered or e.seq in delivered) for e in self.live.values()]
+
+    def trim(self) -> None:
+        streaming = [link.sent_upto for link in self.links.values() if link.streaming]
+        upto = min(streaming) if streaming else self.seq
+        drop = upto - self.log_start + 1
+        if drop >= 1024 or (drop > 0 and drop == len(self.log)):
+            del self.log[:drop]
+            self.log_start += drop
+
+    def ops_after(self, seq: int) -> list:
+        start = seq + 1 - self.log_start
+        return self.log[start:start + MAX_BATCH_OPS]
+
+    # ---- confirms (MIR-3) ----------------------------------------------------------------------
+    def confirm_nodes(self) -> set[str]:
+        nodes = set(self.state.synced)
+        nodes.update(n for n, link in self.links.items() if link.phase in IN_CONFIRM_SET)
+        nodes.discard(self.mirroring.node)
+        return nodes
+
+    def safe_upto(self) -> int:
+        upto = self.seq
+        for node in self.confirm_nodes():
+            link = self.links.get(node)
+            upto = min(upto, link.acked if link is not None else 0)
+        return upto
+
+    def when_replicated(self, seq: int, ok: bool, fn, args) -> None:
+        if not ok or self.closed:
+            fn(ok and not self.closed, *args)
+        elif not self.waiting and self.safe_upto() >= seq:
+            fn(True, *args)
+        else:
+            self.waiting.append((seq, fn, args, time.monotonic()))
+
+    def when_replicated_after(self, ok: bool, seq: int, fn, args) -> None:
+        """store.when_durable's callback: the local write is durable, now the mirrors."""
+        self.when_replicated(seq, ok, fn, args)
+
+    def release(self) -> None:
+        waiting = self.waiting
+        if not waiting:
+            return
+        upto = self.safe_upto()
+        while waiting and waiting[0][0] <= upto:
+            _seq, fn, args, _since = waiting.popleft()
+            fn(True, *args)
+
+    # ---- housekeeping, every tick --------------------------------------------------------------
+    def tick(self, now: float, timeout: float) -> None:
+        state = self.state
+        oldest = self.waiting[0] if self.waiting else None
+        for node, link in self.links.items():
+            if link.phase == "manual" and (not self.live or next(iter(self.live)) > link.cut_key):
+                link.caught_up_from(self.seq)
+            if link.phase == "catching" and link.acked >= link.join_seq:
+                link.propose_synced()
+            if node in state.synced and not link.dropping:
+                stalled = oldest is not None and link.acked < oldest[0] and now - oldest[3] > timeout
+                if stalled or not link.streaming:
+                    link.propose_dropped("stopped answering" if stalled else "stream lost")
+        self.trim()
+        self.release()
+
+    def on_synced_changed(self) -> None:
+        """The log added or dropped an in-sync mirror."""
+        for node, link in self.links.items():
+            if node in self.state.synced:
+                if link.phase in ("proposing", "synced"):
+                    link.phase = "synced"
+                elif not link.dropping:      # it started over meanwhile: not in sync after all
+                    link.propose_dropped("resynchronising")
+            elif link.phase == "synced":
+                link.phase = "dropped"
+                link.restart()
+        self.release()
+
+    def status(self) -> dict:
+        rows = {}
+        for node, link in self.links.items():
+            rows[node] = {"state": link.phase, "acked": link.acked,
+                          "sync": f"{link.sync_sent}/{link.sync_total}" if link.sync_total else None}
+        return {"seq": self.seq, "links": rows}
+
+
+class MirrorLink:
+    """The master's stream to one mirror; reconnects (with a fresh reset) until closed."""
+
+    def __init__(self, replicator: Replicator, node: str):
+        self.rep = replicator
+        self.node = node
+        self.phase = "connecting"
+        self.acked = 0
+        self.sent_upto = 0
+        self.join_seq = 0
+        self.cut_key = 0
+        self.sync_total = self.sync_sent = 0
+        self.streaming = False
+        self.force_sync = False
+        self.proposing = False
+        self.dropping: set[str] = set()
+        self.closed = False
+        self._event = asyncio.Event()
+        self._call = None
+        self._task = asyncio.ensure_future(self._run())
+
+    def wake(self) -> None:
+        if not self._event.is_set():
+            self._event.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._task.cancel()
+        if self._call is not None:
+            self._call.cancel()
+
+    def restart(self, force_sync: bool | None = None) -> None:
+        """Start over with a reset (ctl sync-queue, cancel-sync-queue, or a dropped mirror)."""
+        if force_sync is not None:
+            self.force_sync = force_sync
+        if self._call is not None:
+            self._call.cancel()
+
+    def caught_up_from(self, seq: int) -> None:
+        self.phase = "catching"
+        self.join_seq = seq
+
+    def propose_synced(self) -> None:
+        self.phase = "proposing"
+        self.proposing = True
+        state = self.rep.state
+        self.rep.mirroring.submit({"op": "queue.mirror_synced", "vhost": state.vhost, "name": state.name,
+                                   "node": self.node, "epoch": state.epoch}, self._synced_failed)
+
+    def _synced_failed(self, ok: bool) -> None:
+        self.proposing = False
+        if not ok and self.phase == "proposing":
+            self.phase = "catching"      # tried again on the next tick
+
+    def propose_dropped(self, reason: str) -> None:
+        state = self.rep.state
+        self.dropping.add(reason)
+        self.rep.log_.warning("dropping mirror from the in-sync set", mirror=self.node, reason=reason)
+        self.rep.mirroring.submit({"op": "queue.mirror_dropped", "vhost": state.vhost, "name": state.name,
+                                   "node": self.node, "epoch": state.epoch},
+                                  lambda _ok: self.dropping.discard(reason))
+
+    async def _run(self) -> None:
+        mirroring = self.rep.mirroring
+        while not self.closed:
+            if self.node in self.rep.state.synced or self.proposing:
+                await asyncio.sleep(0.05)    # a fresh stream waits until the log has dropped it
+                continue
+            peer = mirroring.peer(self.node)
+            if peer is None or not mirroring.is_up(self.node):
+                self.phase = "down"
+                await asyncio.sleep(0.2)
+                continue
+            try:
+                await self._stream(peer)
+            except asyncio.CancelledError:
+                if self.closed:
+                    raise
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.CANCELLED:
+                    self.rep.log_.info("mirror stream ended", mirror=self.node, code=exc.code().name)
+            except MirrorRefused as exc:
+                self.rep.log_.debug("mirror refused the stream", mirror=self.node, reason=str(exc))
+            finally:
+                self.streaming = False
+                self._call = None
+            if self.phase != "synced":
+                self.phase = "down"
+            await asyncio.sleep(0.1)
+
+    async def _stream(self, peer) -> None:
+        rep = self.rep
+        state = rep.state
+        full = self.force_sync or state.sync_mode == "automatic"
+        base = rep.seq
+        snapshot = rep.snapshot() if full else []
+        self.cut_key = max(rep.live) if rep.live else 0
+        self.sent_upto = base
+        self.acked = 0
+        self.sync_total, self.sync_sent = len(snapshot), 0
+        self.phase = "syncing"
+        self.streaming = True
+        if full and snapshot:
+            rep.log_.info("syncing mirror", mirror=self.node, messages=len(snapshot))
+        self._call = peer.stub.Mirror(self._batches(snapshot, base), metadata=rep.mirroring.call_metadata())
+        async for ack in self._call:
+            if ack.error:
+                raise MirrorRefused(ack.error)
+            self.acked = ack.seq
+            if self.phase == "syncing" and ack.seq >= base:
+                self.sync_total = self.sync_sent = 0
+                if full:
+                    if snapshot:
+                        rep.log_.info("mirror holds the snapshot", mirror=self.node)
+                    self.caught_up_from(rep.seq)
+                    self.force_sync = False
+                else:
+                    self.phase = "manual"
+            if self.phase == "catching" and self.acked >= self.join_seq:
+                self.propose_synced()
+            rep.release()
+
+    async def _batches(self, snapshot: list, base: int):
+        rep = self.rep
+        state = rep.state
+        head = dict(vhost=state.vhost, queue=state.name, epoch=state.epoch, master=rep.mirroring.node)
+        chunks = [snapshot[i:i + SNAPSHOT_BATCH] for i in range(0, len(snapshot), SNAPSHOT_BATCH)] or [[]]
+        for i, chunk in enumerate(chunks):
+            ops = [pb.MirrorOp(kind=ENQUEUE, key=e.seq, message=message_to_pb(e.message), redelivered=flag)
+                   for e, flag in chunk]
+            yield pb.MirrorBatch(reset=(i == 0), base_seq=base, snapshot_done=(i == len(chunks) - 1), ops=ops,
+                                 **(head if i == 0 else {}))
+            self.sync_sent += len(chunk)
+            if i and i % 10 == 0:
+                rep.log_.info("sync progress", mirror=self.node, sent=self.sync_sent, total=self.sync_total)
+        while True:
+            if self.sent_upto >= rep.seq:
+                self._event.clear()
+                rep.trim()
+                await self._event.wait()
+                continue
+            first = self.sent_upto + 1
+            ops = rep.ops_after(self.sent_upto)
+            self.sent_upto += len(ops)
+            yield pb.MirrorBatch(first_seq=first, ops=ops)
