@@ -221,6 +221,7 @@ class Raft:
         if request.term == self.storage.term and up_to_date and \
                 self.storage.voted_for in (None, request.candidate):
             self.storage.voted_for = request.candidate
+            self.leader = None       # an election is on: the old leader is not waited for any more
             await self._persist_state()
             granted = True
             self._deadline = self._new_deadline()
@@ -353,7 +354,12 @@ class Raft:
         deadline = time.monotonic() + PROPOSE_TIMEOUT
         while True:
             if self.role == "leader":
-                return (await self._lead(data))[1]
+                try:
+                    return (await self._lead(data))[1]
+                except NotLeader:
+                    if time.monotonic() > deadline:
+                        raise
+                    continue     # deposed by a newer election: hand it to the new leader
             leader = self.membership.peers.get(self.leader or "")
             if leader is not None and self.membership.is_up(leader.name):
                 try:
