@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
-import grpc
 
 from node.protocol.replies import AMQPError
 

@@ -46,6 +46,7 @@ class Peer:
     leader: str = ""
     refused: bool = False      # its port refuses connections: the process is gone, no need to wait
     probe: asyncio.Event | None = None
+    sees_down: frozenset = frozenset()   # the members it said it considers down, in its last reply
 
     def is_up(self, now: float, timeout: float) -> bool:
         return self.last_seen > 0 and not self.refused and now - self.last_seen < timeout
@@ -108,6 +109,7 @@ class Membership:
                 peer.refused = False
                 peer.paused = reply.paused
                 peer.leader = reply.leader
+                peer.sees_down = frozenset(reply.down)
                 if not was_up:
                     self.log.info("member up", member=peer.name)
                     was_up = True
@@ -119,6 +121,9 @@ class Membership:
                     peer.refused = True
                     self.log.warning("member down: its port refuses connections", member=peer.name)
                     self._evaluate()
+                    for other in self.peers.values():     # have the others' views of it refreshed
+                        if other is not peer and other.probe is not None:
+                            other.probe.set()
                 if was_up and not peer.is_up(time.monotonic(), self.failure_timeout):
                     was_up = False
             except asyncio.CancelledError:
@@ -143,6 +148,20 @@ class Membership:
     def is_up(self, name: str) -> bool:
         peer = self.peers.get(name)
         return name == self.name or (peer is not None and peer.is_up(time.monotonic(), self.failure_timeout))
+
+    def down_members(self) -> list[str]:
+        now = time.monotonic()
+        return [p.name for p in self.peers.values() if not p.is_up(now, self.failure_timeout)]
+
+    def agreed_down(self, name: str) -> bool:
+        """`name` is down as a majority of the members see it (this node and the peers it can
+        reach), not merely in this node's view, which may be stale: a failover needs this."""
+        now = time.monotonic()
+        if name == self.name or self.is_up(name):
+            return False
+        votes = 1 + sum(1 for p in self.peers.values()
+                        if p.name != name and p.is_up(now, self.failure_timeout) and name in p.sees_down)
+        return votes * 2 > self.size
 
     def up_members(self) -> list[str]:
         now = time.monotonic()

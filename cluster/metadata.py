@@ -221,6 +221,8 @@ class MetadataMachine:
                                     queue.arguments)
         vhost.queues[queue.name] = remote
         vhost.rebind(queue, remote)
+        self.log.warning("deposed: this node's copy of the queue is dropped", vhost=vhost.name, queue=queue.name,
+                         messages=queue.message_count, master=state.home, epoch=state.epoch)
         for consumer in queue.mark_deleted():
             consumer.channel.consumer_cancelled_by_broker(consumer)
 

@@ -43,6 +43,8 @@ class Mirroring:
         self.stopping: set[str] = set()      # nodes that said they are shutting down
         self._promoting: dict[tuple[str, str], int] = {}
         self._task: asyncio.Task | None = None
+        self._last_tick = 0.0
+        self._quiet_until = 0.0
 
     # ---- what components ask of the node ----------------------------------------------------
     @property
@@ -61,9 +63,9 @@ class Mirroring:
     def probe(self, name: str) -> None:
         self.cluster.membership.probe(name)
 
-    def submit(self, command: dict, done) -> None:
+    def submit(self, command: dict, done, as_leader: bool = False) -> None:
         """Propose a metadata entry; done(ok) when it is applied here or has failed."""
-        self.cluster.submit(command, lambda _result, err: done(err is None))
+        self.cluster.submit(command, lambda _result, err: done(err is None), forward_if_deposed=not as_leader)
 
     async def start(self) -> None:
         self._task = asyncio.ensure_future(self._ticker())
@@ -123,7 +125,7 @@ class Mirroring:
         if state.home == self.node and queue is not None and not queue.remote and state.mirrors:
             if replicator is None or replicator.closed:
                 replicator = self.replicators[key] = Replicator(self, state)
-                queue.attach_replica(replicator)
+                queue.attach_replica(replicator, promoted=state.epoch > 1)
             else:
                 replicator.set_mirrors(state.mirrors)
         elif replicator is not None:
@@ -165,6 +167,15 @@ class Mirroring:
         if state is None or not epoch or (state.epoch == epoch and state.home == self.node):
             return ""
         return f"queue '{name}' in vhost '{vhost}' has moved (epoch {state.epoch}, master {state.home})"
+
+    async def caught_up(self, vhost: str, name: str, epoch: int, timeout: float = 3.0) -> None:
+        """Wait (a little) until this node has applied the failover a peer already knows of."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.states.get((vhost, name))
+            if state is None or not epoch or state.epoch >= epoch:
+                return
+            await asyncio.sleep(0.01)
 
     # ---- entries ---------------------------------------------------------------------------------
     def promoted(self, c: dict, become_master, become_remote) -> bool:
@@ -241,12 +252,19 @@ class Mirroring:
     def _tick(self) -> None:
         now = time.monotonic()
         timeout = self.cluster.config.failure_timeout
+        if now - self._last_tick > 10 * TICK:
+            # this process was stopped or starved: what it knows of the others is stale until
+            # they have been pinged again, so it decides no failover until then
+            self._quiet_until = now + timeout
+        self._last_tick = now
+        if now < self._quiet_until:
+            return
         for replicator in list(self.replicators.values()):
             replicator.tick(now, timeout)
         if self.cluster.raft.role != "leader" or not self.cluster.membership.has_majority:
             return
         for state in list(self.states.values()):
-            if not state.mirrors or self.is_up(state.home):
+            if not state.mirrors or not self.cluster.membership.agreed_down(state.home):
                 continue
             if self._promoting.get(state.key) == state.epoch:
                 continue
@@ -258,7 +276,7 @@ class Mirroring:
                              old=state.home, new=successor, epoch=state.epoch + 1)
             self.submit({"op": "queue.promote", "vhost": state.vhost, "name": state.name, "home": successor,
                          "epoch": state.epoch + 1, "from_epoch": state.epoch},
-                        lambda ok, key=state.key: None if ok else self._promoting.pop(key, None))
+                        lambda ok, key=state.key: None if ok else self._promoting.pop(key, None), as_leader=True)
 
     # ---- ctl ---------------------------------------------------------------------------------
     def status(self, vhost: str, name: str) -> dict:

@@ -60,21 +60,23 @@ class ClusterNode:
     def leader_name(self) -> str | None:
         return self.raft.leader
 
-    def submit(self, command: dict, callback, *args) -> None:
+    def submit(self, command: dict, callback, *args, forward_if_deposed: bool = True) -> None:
         """propose() for callers without a loop of their own: callback(result, error, *args)."""
         async def run():
             try:
-                result = await self.propose(command)
+                result = await self.propose(command, forward_if_deposed)
             except AMQPError as err:
                 callback(None, err, *args)
             else:
                 callback(result, None, *args)
         asyncio.ensure_future(run())
 
-    async def propose(self, command: dict):
-        """Commit a metadata change cluster-wide; the result of applying it here (or its AMQP error)."""
+    async def propose(self, command: dict, forward_if_deposed: bool = True):
+        """Commit a metadata change cluster-wide; the result of applying it here (or its AMQP error).
+        forward_if_deposed=False: a decision this node took as the leader is dropped if it stops
+        being the leader before the entry commits (its view may be stale)."""
         try:
-            result = await self.raft.propose(command)
+            result = await self.raft.propose(command, forward_if_deposed)
         except (NotLeader, asyncio.TimeoutError, grpc.aio.AioRpcError) as exc:
             raise AMQPError(ReplyCode.CONNECTION_FORCED,
                             f"cluster metadata not available: {exc or 'timeout'}") from None

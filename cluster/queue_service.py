@@ -14,7 +14,7 @@ import asyncio
 from node.broker.queue import LOGGED, SAFE, Consumer, Queue
 from node.protocol.replies import AMQPError, ReplyCode
 
-from .remote_queue import ACK, DISCARD, REQUEUE, message_from_pb, message_to_pb
+from .remote_queue import DISCARD, MOVED, REQUEUE, message_from_pb, message_to_pb
 from .rpc import cluster_pb2 as pb
 
 MAX_PENDING_EVENTS = 2000
@@ -150,16 +150,18 @@ async def serve_link(broker, request_iterator, context):
     if first.WhichOneof("call") != "open":
         yield pb.QueueEvent(error=pb.QueueEvent.Error(code=503, text="COMMAND_INVALID - link not opened"))
         return
+    mirroring = getattr(broker.cluster, "mirroring", None)
+    if mirroring is not None:     # the client node saw a failover this node has not applied yet
+        await mirroring.caught_up(first.open.vhost, first.open.queue, first.open.epoch)
     vhost = broker.vhosts.get(first.open.vhost)
     queue = vhost.queues.get(first.open.queue) if vhost is not None else None
+    moved = mirroring.check_link(first.open.vhost, first.open.queue, first.open.epoch) if mirroring else ""
+    if moved:       # not an error for the client's channel: its node re-links once it learns
+        yield pb.QueueEvent(error=pb.QueueEvent.Error(code=MOVED, text=moved))
+        return
     if not isinstance(queue, Queue) or queue.deleted:
         yield pb.QueueEvent(error=pb.QueueEvent.Error(
             code=404, text=f"NOT_FOUND - no queue '{first.open.queue}' in vhost '{first.open.vhost}'"))
-        return
-    mirroring = getattr(broker.cluster, "mirroring", None)
-    moved = mirroring.check_link(first.open.vhost, first.open.queue, first.open.epoch) if mirroring else ""
-    if moved:
-        yield pb.QueueEvent(error=pb.QueueEvent.Error(code=404, text=f"NOT_FOUND - {moved}"))
         return
     link = LinkChannel(queue, events)
 

@@ -21,7 +21,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Callable
 
 import grpc
 import structlog
@@ -344,7 +344,7 @@ class Raft:
         await self._followers_applied(index)
         return index, result
 
-    async def propose(self, command: dict) -> object:
+    async def propose(self, command: dict, forward_if_deposed: bool = True) -> object:
         """Commit a command cluster-wide; return what applying it here returned.
 
         A follower hands it to the leader; while there is none (an election after the
@@ -357,7 +357,7 @@ class Raft:
                 try:
                     return (await self._lead(data))[1]
                 except NotLeader:
-                    if time.monotonic() > deadline:
+                    if time.monotonic() > deadline or not forward_if_deposed:
                         raise
                     continue     # deposed by a newer election: hand it to the new leader
             leader = self.membership.peers.get(self.leader or "")

@@ -15,13 +15,13 @@ import grpc
 import structlog
 
 from node.broker.message import Entry, Message
-from node.protocol.frames import shortstr
 from node.protocol.properties import PropertyView
 from node.protocol.replies import AMQPError, ReplyCode
 
 from .rpc import cluster_pb2 as pb
 
 ACK, REQUEUE, DISCARD = 0, 1, 2
+MOVED = 0       # QueueEvent.Error code: the queue's master is elsewhere now (a failover)
 
 
 class RemoteEntry(Entry):
@@ -106,6 +106,10 @@ class QueueLink:
                         self.queue.consumers_remove(consumer)
                         channel.consumer_cancelled_by_broker(consumer)
                         channel.session.wakeup()
+                elif kind == "error" and event.error.code == MOVED:
+                    if not self.closed and not channel.closed:
+                        self._lost()
+                    return
                 elif kind == "error":
                     err = AMQPError(ReplyCode(event.error.code), event.error.text.split(" - ", 1)[-1])
                     channel.session.fail_channel(channel.id, err)
@@ -316,6 +320,9 @@ class RemoteQueue:
 
     def touch(self) -> None:
         return None      # x-expires is the home node's business
+
+    def apply_policy(self, _definition) -> None:
+        return None      # the home node applies policies to the queue itself
 
     def purge_from(self, answer) -> None:
         """queue.purge on the home node; answer(count, error) when it has done it."""

@@ -31,7 +31,6 @@ import time
 from collections import deque
 
 import grpc
-import structlog
 
 from .remote_queue import message_to_pb
 from .rpc import cluster_pb2 as pb
@@ -62,19 +61,22 @@ class Replicator:
         self.closed = False
         self.log_ = mirroring.log.bind(vhost=state.vhost, queue=state.name, epoch=state.epoch)
 
-    def start(self, queue) -> None:
+    def start(self, queue, promoted: bool = False) -> None:
+        """Mirrors of a new queue (or of a master just promoted) copy everything on their first
+        stream whatever the sync mode: like RabbitMQ's, they are created in sync. Mirrors added
+        to a queue that already holds messages follow ha-sync-mode."""
         self.queue = queue
         for entry in sorted(queue.ready, key=lambda e: e.seq):
             self.live[entry.seq] = entry
-        self.set_mirrors(self.state.mirrors)
+        self.set_mirrors(self.state.mirrors, initial=promoted or not self.live)
 
-    def set_mirrors(self, nodes: list[str]) -> None:
+    def set_mirrors(self, nodes: list[str], initial: bool = False) -> None:
         for node in list(self.links):
             if node not in nodes:
                 self.links.pop(node).close()
         for node in nodes:
             if node not in self.links and not self.closed:
-                self.links[node] = MirrorLink(self, node)
+                self.links[node] = MirrorLink(self, node, force_sync=initial)
         self.release()
 
     def close(self, ok: bool = False) -> None:
@@ -192,7 +194,9 @@ class Replicator:
             if link.phase == "catching" and link.acked >= link.join_seq:
                 link.propose_synced()
             if node in state.synced and not link.dropping:
-                stalled = oldest is not None and link.acked < oldest[0] and now - oldest[3] > timeout
+                # stalled: owes an ack for a waiting confirm and has acked nothing for `timeout`
+                stalled = oldest is not None and link.acked < oldest[0] and \
+                    now - max(oldest[3], link.acked_at) > timeout
                 if stalled or not link.streaming:
                     link.propose_dropped("stopped answering" if stalled else "stream lost")
         self.trim()
@@ -222,21 +226,23 @@ class Replicator:
 class MirrorLink:
     """The master's stream to one mirror; reconnects (with a fresh reset) until closed."""
 
-    def __init__(self, replicator: Replicator, node: str):
+    def __init__(self, replicator: Replicator, node: str, force_sync: bool = False):
         self.rep = replicator
         self.node = node
         self.phase = "connecting"
         self.acked = 0
+        self.acked_at = 0.0
         self.sent_upto = 0
         self.join_seq = 0
         self.cut_key = 0
         self.sync_total = self.sync_sent = 0
         self.streaming = False
-        self.force_sync = False
+        self.force_sync = force_sync
         self.proposing = False
         self.dropping: set[str] = set()
         self.closed = False
         self._event = asyncio.Event()
+        self._stream_id = 0
         self._call = None
         self._task = asyncio.ensure_future(self._run())
 
@@ -301,7 +307,7 @@ class MirrorLink:
                 if exc.code() != grpc.StatusCode.CANCELLED:
                     self.rep.log_.info("mirror stream ended", mirror=self.node, code=exc.code().name)
             except MirrorRefused as exc:
-                self.rep.log_.debug("mirror refused the stream", mirror=self.node, reason=str(exc))
+                self.rep.log_.info("mirror refused the stream", mirror=self.node, reason=str(exc))
             finally:
                 self.streaming = False
                 self._call = None
@@ -323,11 +329,15 @@ class MirrorLink:
         self.streaming = True
         if full and snapshot:
             rep.log_.info("syncing mirror", mirror=self.node, messages=len(snapshot))
-        self._call = peer.stub.Mirror(self._batches(snapshot, base), metadata=rep.mirroring.call_metadata())
+        self._event = asyncio.Event()       # a generator of an earlier stream may linger: not woken
+        self._stream_id += 1
+        self._call = peer.stub.Mirror(self._batches(snapshot, base, self._stream_id, self._event),
+                                      metadata=rep.mirroring.call_metadata())
         async for ack in self._call:
             if ack.error:
                 raise MirrorRefused(ack.error)
             self.acked = ack.seq
+            self.acked_at = time.monotonic()
             if self.phase == "syncing" and ack.seq >= base:
                 self.sync_total = self.sync_sent = 0
                 if full:
@@ -341,12 +351,14 @@ class MirrorLink:
                 self.propose_synced()
             rep.release()
 
-    async def _batches(self, snapshot: list, base: int):
+    async def _batches(self, snapshot: list, base: int, stream_id: int, event: asyncio.Event):
         rep = self.rep
         state = rep.state
         head = dict(vhost=state.vhost, queue=state.name, epoch=state.epoch, master=rep.mirroring.node)
         chunks = [snapshot[i:i + SNAPSHOT_BATCH] for i in range(0, len(snapshot), SNAPSHOT_BATCH)] or [[]]
         for i, chunk in enumerate(chunks):
+            if stream_id != self._stream_id:
+                return
             ops = [pb.MirrorOp(kind=ENQUEUE, key=e.seq, message=message_to_pb(e.message), redelivered=flag)
                    for e, flag in chunk]
             yield pb.MirrorBatch(reset=(i == 0), base_seq=base, snapshot_done=(i == len(chunks) - 1), ops=ops,
@@ -354,11 +366,11 @@ class MirrorLink:
             self.sync_sent += len(chunk)
             if i and i % 10 == 0:
                 rep.log_.info("sync progress", mirror=self.node, sent=self.sync_sent, total=self.sync_total)
-        while True:
+        while stream_id == self._stream_id:
             if self.sent_upto >= rep.seq:
-                self._event.clear()
+                event.clear()
                 rep.trim()
-                await self._event.wait()
+                await event.wait()
                 continue
             first = self.sent_upto + 1
             ops = rep.ops_after(self.sent_upto)

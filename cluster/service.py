@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import grpc
 
 from .control import ControlError
 from .mirror import serve_mirror
@@ -18,6 +17,7 @@ class ClusterService(pbg.ClusterServicer):
 
     async def Ping(self, request, context):
         return pb.PingReply(node=self.node.name, leader=self.node.leader_name() or "",
+                            down=self.node.membership.down_members(),
                             paused=self.node.membership.paused)
 
     async def RequestVote(self, request, context):

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -15,138 +13,19 @@ import grpc
 import pika
 import pytest
 
-from tests.conftest import IS_REF, Node, free_port, port_open, wait_until
+from tests.clusters import SECRET, ClusterMember, ctl, ctl_json, launch, proxied_cluster
+from tests.conftest import IS_REF, free_port, port_open, wait_until
 
 pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
-
-SECRET = "test-cluster-secret"
-
-
-class ClusterMember(Node):
-    def __init__(self, name, workdir, cluster_port, peers, secret_file):
-        Path(workdir).mkdir(parents=True, exist_ok=True)
-        super().__init__(name, workdir)
-        self.cluster_port = cluster_port
-        self.peers = peers            # name -> host:port
-        self.secret_file = secret_file
-
-    def argv(self):
-        argv = super().argv() + ["--cluster-port", str(self.cluster_port),
-                                 "--cluster-secret-file", str(self.secret_file), "--failure-timeout", "1.5"]
-        for name, address in self.peers.items():
-            argv += ["--peer", f"{name}={address}"]
-        return argv
-
-
-class Proxy:
-    """A TCP proxy on loopback the test can cut and heal (a network partition without root)."""
-
-    def __init__(self, target_port: int):
-        self.target = ("127.0.0.1", target_port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.cut_off = threading.Event()
-        self.conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if self.cut_off.is_set():
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(self.target, timeout=2)
-            except OSError:
-                client.close()
-                continue
-            self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, src, dst):
-        try:
-            while not self.cut_off.is_set():
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.close()
-            except OSError:
-                pass
-
-    def cut(self):
-        self.cut_off.set()
-        for s in self.conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-                s.close()
-            except OSError:
-                pass
-        self.conns = []
-
-    def heal(self):
-        self.cut_off.clear()
-
-    def close(self):
-        self.cut()
-        self.listener.close()
-
-
-def ctl(member, *args, timeout=20):
-    return subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{member.cluster_port}",
-                           "--cluster-secret-file", str(member.secret_file), *args],
-                          capture_output=True, text=True, timeout=timeout,
-                          cwd=str(Path(__file__).resolve().parent.parent))
-
-
-def ctl_json(member, *args):
-    r = ctl(member, *args, "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
-def _launch(members):
-    """Start every member at once (each serves AMQP only once it sees a majority) and wait for all."""
-    for m in members:
-        m.data_dir.mkdir(parents=True, exist_ok=True)
-        m._log_fh = open(m.log_path, "ab")
-        m.proc = subprocess.Popen(m.argv(), stdout=m._log_fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                  cwd=str(Path(__file__).resolve().parent.parent))
-    for m in members:
-        wait_until(lambda m=m: port_open(m.port, 0.2), timeout=30,
-                   message=f"{m.name} never served AMQP:\n{m.log_tail()}")
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    """Three members; hare1 reaches the others (and they reach it) through proxies."""
-    secret_file = tmp_path / "secret"
-    secret_file.write_text(SECRET)
-    ports = {n: free_port() for n in ("hare1", "hare2", "hare3")}
-    proxies = {n: Proxy(ports[n]) for n in ("hare2", "hare3")}        # hare1 -> hare2/3
-    proxy_to_1 = {n: Proxy(ports["hare1"]) for n in ("hare2", "hare3")}  # hare2/3 -> hare1
-    peers = {
-        "hare1": {"hare2": f"127.0.0.1:{proxies['hare2'].port}", "hare3": f"127.0.0.1:{proxies['hare3'].port}"},
-        "hare2": {"hare1": f"127.0.0.1:{proxy_to_1['hare2'].port}", "hare3": f"127.0.0.1:{ports['hare3']}"},
-        "hare3": {"hare1": f"127.0.0.1:{proxy_to_1['hare3'].port}", "hare2": f"127.0.0.1:{ports['hare2']}"},
-    }
-    members = [ClusterMember(n, tmp_path / n, ports[n], peers[n], secret_file) for n in ("hare1", "hare2", "hare3")]
-    _launch(members)
-    partition = {"cut": lambda: [p.cut() for p in (*proxies.values(), *proxy_to_1.values())],
-                 "heal": lambda: [p.heal() for p in (*proxies.values(), *proxy_to_1.values())]}
+    members, partition = proxied_cluster(tmp_path)
     yield members, partition
     for m in members:
         m.kill9()
-    for p in (*proxies.values(), *proxy_to_1.values()):
-        p.close()
+    partition["close"]()
 
 
 def test_cluster_status_lists_three_members_all_up(cluster):
@@ -406,7 +285,7 @@ def test_cluster_port_with_mutual_tls(tmp_path):
     members = [TLSMember(n, tmp_path / n, ports[n],
                          {o: f"127.0.0.1:{ports[o]}" for o in ports if o != n}, secret_file) for n in ports]
     try:
-        _launch(members)
+        launch(members)
         r = ctl(members[0], "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"]),
                 "--tls-ca", str(files["ca"]), "cluster-status", "--json")
         assert r.returncode == 0, r.stderr

@@ -15,7 +15,7 @@ import aio_pika
 import pika
 import pytest
 
-from tests.conftest import IS_REF, Node, free_port, pika_conn, unique_name, wait_until
+from tests.conftest import IS_REF, Node, free_port, pika_conn, wait_until
 
 pytestmark = pytest.mark.skipif(IS_REF, reason="starts, kills and restarts node processes")
 

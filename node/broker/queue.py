@@ -232,11 +232,11 @@ class Queue:
         else:
             self.store.when_durable(replica.when_replicated_after, replica.seq, fn, args)
 
-    def attach_replica(self, replica) -> None:
+    def attach_replica(self, replica, promoted: bool = False) -> None:
         """Become a mirrored queue's master: every later change goes to `replica` too.
         Paged-out messages are read back first: a mirrored queue keeps its messages in memory."""
         if self.tail and not all(self.store.is_durable(m) for m in self.tail):
-            self.store.when_durable(lambda _ok: self.attach_replica(replica) if not self.deleted else None)
+            self.store.when_durable(lambda _ok: self.attach_replica(replica, promoted) if not self.deleted else None)
             return
         self._head_limit = sys.maxsize
         while self.tail:
@@ -246,7 +246,7 @@ class Queue:
             self.ready.append(entry)
             self.ready_bytes += len(entry.message.body)
         self.replica = replica
-        replica.start(self)
+        replica.start(self, promoted)
 
     def detach_replica(self):
         replica, self.replica = self.replica, None

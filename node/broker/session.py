@@ -7,7 +7,6 @@ server says when it drains and the session resumes the queues it starved.
 """
 from __future__ import annotations
 
-import structlog
 from pamqp.commands import Connection as Conn
 
 from ..protocol import events as ev

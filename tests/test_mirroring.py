@@ -1,0 +1,413 @@
+"""Mirrored queues with three real nodes (MIR-1..8, CONF-4, CONF-5): placement by policy,
+confirms after every in-sync mirror, failover to the oldest in-sync mirror, sync, fencing."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import grpc
+import pika
+import pytest
+
+from tests.clusters import SECRET, ctl, ctl_json, proxied_cluster
+from tests.conftest import IS_REF, wait_until
+
+pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
+
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    # a shared 2-core machine can starve a node for a second: 3 s before a silent member is down
+    # (a killed one, whose port refuses connections, is down at once)
+    members, partition = proxied_cluster(tmp_path, failure_timeout=3.0)
+    yield members, partition
+    for m in members:
+        if m.proc is not None and m.proc.poll() is None:
+            try:
+                os.killpg(m.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        m.kill9()
+    partition["close"]()
+
+
+def _chan(member, confirm=False):
+    c = pika.BlockingConnection(pika.URLParameters(member.url))
+    ch = c.channel()
+    if confirm:
+        ch.confirm_delivery()
+    return c, ch
+
+
+def _policy(member, pattern, definition, name="ha"):
+    r = ctl(member, "set-policy", name, pattern, json.dumps(definition), "--apply-to", "queues")
+    assert r.returncode == 0, r.stderr
+
+
+def _row(member, name):
+    for row in ctl_json(member, "list-queues"):
+        if row["name"] == name:
+            return row
+    return None
+
+
+def _synced(member, name, mirrors):
+    """Wait until the queue's synchronised mirrors are exactly `mirrors`; the row."""
+    seen = []
+
+    def check():
+        row = _row(member, name)
+        seen[:] = [row]
+        return row if row and sorted(row["synchronised_mirrors"] or []) == sorted(mirrors) else None
+    try:
+        return wait_until(check, timeout=20)
+    except AssertionError:
+        raise AssertionError(f"{name} never had synchronised mirrors {mirrors}: {seen}") from None
+
+
+def _drain(member, queue, ack=True, limit=None):
+    """Every message left in the queue (or the first `limit`), via basic.get: [(body, redelivered)]."""
+    c, ch = _chan(member)
+    got = []
+    while limit is None or len(got) < limit:
+        method, _props, body = ch.basic_get(queue, auto_ack=False)
+        if method is None:
+            break
+        got.append((body, method.redelivered))
+        if ack:
+            ch.basic_ack(method.delivery_tag)
+    c.close()
+    return got
+
+
+def _restart(member):
+    member.kill9()
+    member.start(timeout=60)
+
+
+# ---- placement (MIR-1) --------------------------------------------------------------------------
+def test_ha_modes_place_mirrors(cluster):
+    members, _ = cluster
+    hare1 = members[0]
+    _policy(hare1, r"^all\.", {"ha-mode": "all", "ha-sync-mode": "automatic"}, "p-all")
+    _policy(hare1, r"^two\.", {"ha-mode": "exactly", "ha-params": 2}, "p-two")
+    _policy(hare1, r"^named\.", {"ha-mode": "nodes", "ha-params": ["hare3"]}, "p-named")
+    c, ch = _chan(hare1)
+    for q in ("all.q", "two.q", "named.q", "plain.q"):
+        ch.queue_declare(q, durable=True)
+    c.close()
+    assert _synced(hare1, "all.q", ["hare2", "hare3"])["mirrors"] == ["hare2", "hare3"]
+    assert _synced(hare1, "two.q", ["hare2"])["mirrors"] == ["hare2"]
+    assert _synced(hare1, "named.q", ["hare3"])["mirrors"] == ["hare3"]
+    plain = _row(hare1, "plain.q")
+    assert plain["mirrors"] == [] and plain["epoch"] is None
+    row = _row(members[2], "all.q")     # any node lists the same master, epoch and mirrors
+    assert row["node"] == "hare1" and row["master"] == "hare1" and row["epoch"] == 1
+
+
+def test_policy_change_re_places_mirrors_live(cluster):
+    members, _ = cluster
+    hare1 = members[0]
+    c, ch = _chan(hare1)
+    ch.queue_declare("live.q", durable=True)
+    for i in range(50):
+        ch.basic_publish("", "live.q", str(i).encode(), PERSISTENT)
+    c.close()
+    assert _row(hare1, "live.q")["mirrors"] == []
+    _policy(hare1, r"^live\.", {"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"})
+    _synced(hare1, "live.q", ["hare2"])
+    _policy(hare1, r"^live\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    _synced(hare1, "live.q", ["hare2", "hare3"])
+    r = ctl(hare1, "clear-policy", "ha")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: _row(hare1, "live.q")["mirrors"] == [], timeout=10)
+    assert _row(hare1, "live.q")["messages"] == 50
+
+
+def test_bad_ha_policies_are_refused(cluster):
+    members, _ = cluster
+    for definition in ({"ha-mode": "some"}, {"ha-mode": "exactly"}, {"ha-mode": "exactly", "ha-params": 0},
+                       {"ha-mode": "nodes", "ha-params": "hare2"}, {"ha-sync-mode": "automatic"},
+                       {"ha-mode": "all", "ha-promote-on-failure": "sometimes"}):
+        r = ctl(members[0], "set-policy", "bad", ".*", json.dumps(definition))
+        assert r.returncode == 1 and "ha-" in r.stderr, (definition, r.stdout, r.stderr)
+    assert ctl_json(members[0], "list-policies") == []
+
+
+# ---- confirms and failover (MIR-3, MIR-4, MIR-8, CONF-5) ----------------------------------------
+def test_failover_keeps_every_confirmed_message_and_redelivers_unacked(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1)
+    ch.queue_declare("ha.fail", durable=True)
+    c.close()
+    oldest = _synced(hare2, "ha.fail", ["hare2", "hare3"])["synchronised_mirrors"][0]
+    pc, pub = _chan(hare2, confirm=True)     # publishing through a mirror, to the master on hare1
+    for i in range(200):
+        pub.basic_publish("", "ha.fail", str(i).encode(), PERSISTENT)
+    # a consumer on hare3 takes 10 and does not ack them
+    cc, cons = _chan(hare3)
+    cons.basic_qos(prefetch_count=10)
+    held = []
+    cons.basic_consume("ha.fail", lambda _ch, m, _p, body: held.append((m, body)))
+    wait_until(lambda: cc.process_data_events(0.05) or len(held) == 10, timeout=10)
+    cons.stop_consuming()
+    hare1.kill9()
+    # the same publisher channel on hare2 goes on once a mirror is master
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            pub.basic_publish("", "ha.fail", b"after", PERSISTENT)
+            break
+        except pika.exceptions.NackError:
+            assert time.monotonic() < deadline, "publishes were still nacked 10 s after the kill"
+            time.sleep(0.05)
+    row = wait_until(lambda: (lambda r: r if r and r["master"] != "hare1" else None)(_row(hare2, "ha.fail")),
+                     timeout=10)
+    assert row["epoch"] == 2 and row["master"] == oldest        # the oldest in-sync mirror
+    cc.close()
+    got = _drain(hare3, "ha.fail")
+    bodies = [b for b, _r in got]
+    assert sorted(bodies[:200], key=int) == [str(i).encode() for i in range(200)]
+    assert bodies.count(b"after") == 1
+    redelivered = {b for b, r in got if r}
+    assert redelivered == {body for _m, body in held}     # delivered but unacked: redelivered=true
+    pc.close()
+
+
+def test_consumers_on_survivors_keep_consuming_or_get_cancel(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1)
+    ch.queue_declare("ha.consume", durable=True)
+    c.close()
+    _synced(hare1, "ha.consume", ["hare2", "hare3"])
+    stay_c, stay = _chan(hare3)
+    got = []
+    stay.basic_consume("ha.consume", lambda ch_, m, _p, body: (got.append(body), ch_.basic_ack(m.delivery_tag)))
+    leave_c, leave = _chan(hare2)
+    cancelled = []
+    leave.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    leave.basic_consume("ha.consume", lambda *_a: None, consumer_tag="bye",
+                        arguments={"x-cancel-on-ha-failover": True})
+    stay_c.process_data_events(0.2)
+    leave_c.process_data_events(0.2)
+    hare1.kill9()
+    wait_until(lambda: (lambda r: r and r["master"] != "hare1")(_row(hare2, "ha.consume")), timeout=10)
+    wait_until(lambda: leave_c.process_data_events(0.05) or cancelled == ["bye"], timeout=10)
+    pc, pub = _chan(hare2, confirm=True)
+    for i in range(20):
+        pub.basic_publish("", "ha.consume", str(i).encode(), PERSISTENT)
+    wait_until(lambda: stay_c.process_data_events(0.05) or len(got) == 20, timeout=10,
+               message=f"the surviving consumer got {len(got)} of 20")
+    assert got == [str(i).encode() for i in range(20)]
+    for conn in (pc, stay_c, leave_c):
+        conn.close()
+
+
+def test_confirm_waits_for_a_stopped_mirror_until_it_is_dropped(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1)
+    ch.queue_declare("ha.stop", durable=True)
+    c.close()
+    _synced(hare1, "ha.stop", ["hare2", "hare3"])
+    _, pub = _chan(hare1, confirm=True)
+    pub.basic_publish("", "ha.stop", b"before", PERSISTENT)
+    os.killpg(hare3.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        pub.basic_publish("", "ha.stop", b"while stopped", PERSISTENT)   # blocks until confirmed
+        waited = time.monotonic() - started
+        # held back while hare3 was in the in-sync set (until gRPC keepalive or the 3 s failure
+        # timeout gives up on it), released once the log has dropped it
+        assert waited >= 1.0, f"confirmed after {waited:.2f} s: did not wait for the stopped mirror"
+        row = _row(hare1, "ha.stop")
+        assert row["synchronised_mirrors"] == ["hare2"]
+    finally:
+        os.killpg(hare3.proc.pid, signal.SIGCONT)
+    _synced(hare1, "ha.stop", ["hare2", "hare3"])      # it comes back, syncs and rejoins
+    assert [b for b, _r in _drain(hare2, "ha.stop")] == [b"before", b"while stopped"]
+
+
+def test_no_synchronised_mirror_means_the_queue_waits_for_its_master(cluster):
+    # ha-promote-on-failure=when-synced (the default): an unsynchronised mirror is never promoted
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "exactly", "ha-params": 2})      # manual sync
+    c, ch = _chan(hare1, confirm=True)
+    ch.queue_declare("ha.manual", durable=True)
+    c.close()
+    _synced(hare1, "ha.manual", ["hare2"])
+    _restart(hare2)          # comes back empty: unsynchronised, and manual sync leaves it so
+    c, ch = _chan(hare1, confirm=True)
+    for i in range(10):
+        ch.basic_publish("", "ha.manual", str(i).encode(), PERSISTENT)
+    c.close()
+    time.sleep(1.0)
+    # (messages published after it came back are on it; the ones before would not be)
+    assert _row(hare1, "ha.manual")["synchronised_mirrors"] in ([], ["hare2"])
+    hare1.kill9()
+    time.sleep(3)
+    row = _row(hare3, "ha.manual")
+    if row["synchronised_mirrors"] == []:
+        assert row["master"] == "hare1" and row["state"] == "down"
+    hare1.start(timeout=60)
+    got = _drain(hare3, "ha.manual")
+    assert sorted(b for b, _r in got) == sorted(str(i).encode() for i in range(10))
+
+
+def test_manual_sync_with_ctl_sync_queue(cluster):
+    members, _ = cluster
+    hare1, hare2, _ = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "exactly", "ha-params": 2})      # manual sync
+    c, ch = _chan(hare1)
+    ch.queue_declare("ha.sync", durable=True)
+    for i in range(1000):
+        ch.basic_publish("", "ha.sync", str(i).encode(), PERSISTENT)
+    c.close()
+    _synced(hare1, "ha.sync", ["hare2"])     # there from the start: it has every message
+    _restart(hare2)                          # back empty; manual sync leaves it so
+    _synced(hare1, "ha.sync", [])
+    time.sleep(1.0)
+    assert _row(hare1, "ha.sync")["synchronised_mirrors"] == []
+    r = ctl(members[2], "sync-queue", "ha.sync")         # asked through any node
+    assert r.returncode == 0, r.stderr
+    _synced(hare1, "ha.sync", ["hare2"])
+    bad = ctl(hare1, "sync-queue", "no.such.queue")
+    assert bad.returncode == 1 and "no mirrored queue" in bad.stderr
+    hare1.kill9()                        # now hare2 may be promoted: it has them all
+    wait_until(lambda: (lambda r: r and r["master"] == "hare2")(_row(hare2, "ha.sync")), timeout=10)
+    assert len(_drain(hare2, "ha.sync")) == 1000
+
+
+def test_sync_of_100k_messages_while_the_queue_keeps_serving(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1)
+    ch.queue_declare("ha.big", durable=True)
+    body = b"x" * 100
+    for _ in range(100_000):
+        ch.basic_publish("", "ha.big", body)
+    c.close()
+    _synced(hare1, "ha.big", ["hare2", "hare3"])
+    _restart(hare3)          # comes back empty and copies 100k messages
+    stop = threading.Event()
+    counts = {"published": 0, "consumed": 0}
+
+    def publish():
+        pc, pub = _chan(hare2, confirm=True)
+        while not stop.is_set():
+            pub.basic_publish("", "ha.big", b"new", PERSISTENT)
+            counts["published"] += 1
+        pc.close()
+
+    def consume():
+        cc, cons = _chan(hare1)
+        cons.basic_qos(prefetch_count=100)
+        cons.basic_consume("ha.big", lambda ch_, m, _p, _b: (ch_.basic_ack(m.delivery_tag),
+                                                               counts.__setitem__("consumed", counts["consumed"] + 1)))
+        while not stop.is_set():
+            cc.process_data_events(0.1)
+        cc.close()
+
+    threads = [threading.Thread(target=publish), threading.Thread(target=consume)]
+    for t in threads:
+        t.start()
+    try:
+        seen_progress = _synced(hare1, "ha.big", ["hare2", "hare3"])
+        during = dict(counts)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert seen_progress
+    assert during["published"] > 0 and during["consumed"] > 0, during
+    assert "syncing mirror" in hare1.log_text() and "mirror holds the snapshot" in hare1.log_text()
+
+
+# ---- fencing (MIR-5) ------------------------------------------------------------------------------
+def test_deposed_master_rejoins_as_a_mirror_and_drops_its_copy(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1, confirm=True)
+    ch.queue_declare("ha.fence", durable=True)
+    _synced(hare1, "ha.fence", ["hare2", "hare3"])
+    for i in range(100):
+        ch.basic_publish("", "ha.fence", str(i).encode(), PERSISTENT)
+    c.close()
+    hare1.kill9()
+    wait_until(lambda: (lambda r: r and r["master"] == "hare2")(_row(hare2, "ha.fence")), timeout=10)
+    got = _drain(hare2, "ha.fence", limit=60)  # consume 60 on the new master
+    assert len(got) == 60
+    hare1.start(timeout=60)                    # it had all 100 on disk; the new master has 40
+    row = _synced(hare2, "ha.fence", ["hare3", "hare1"])
+    assert row["master"] == "hare2" and row["epoch"] == 2 and row["messages"] == 40
+    assert "deposed: this node's copy of the queue is dropped" in hare1.log_text()
+    assert len(_drain(hare1, "ha.fence")) == 40
+
+
+def test_partitioned_master_is_fenced_and_nothing_confirmed_is_lost(cluster):
+    members, partition = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1)
+    ch.queue_declare("ha.split", durable=True)
+    c.close()
+    _synced(hare2, "ha.split", ["hare2", "hare3"])
+    assert _row(hare2, "ha.split")["master"] == "hare1"
+    confirmed = []
+    pc, pub = _chan(hare2, confirm=True)
+    for i in range(50):
+        pub.basic_publish("", "ha.split", str(i).encode(), PERSISTENT)
+        confirmed.append(str(i).encode())
+    partition["cut"]()                  # hare1 alone: it pauses; hare2/3 promote a mirror
+    wait_until(lambda: (lambda r: r and r["master"] in ("hare2", "hare3"))(_row(hare2, "ha.split")), timeout=15)
+    deadline = time.monotonic() + 10
+    for i in range(50, 100):
+        while True:
+            try:
+                pub.basic_publish("", "ha.split", str(i).encode(), PERSISTENT)
+                confirmed.append(str(i).encode())
+                break
+            except pika.exceptions.NackError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    partition["heal"]()
+    row = _synced(hare2, "ha.split", ["hare1", "hare3"] if _row(hare2, "ha.split")["master"] == "hare2"
+                  else ["hare1", "hare2"])
+    assert row["epoch"] >= 2
+    got = [b for b, _r in _drain(hare3, "ha.split")]
+    assert set(confirmed) <= set(got)
+    pc.close()
+
+
+def test_a_stale_epoch_is_refused_by_a_mirror(cluster):
+    from cluster.rpc import cluster_pb2 as pb
+    from cluster.rpc import cluster_pb2_grpc as pbg
+    members, _ = cluster
+    hare1, hare2, _ = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "all"})
+    c, ch = _chan(hare1)
+    ch.queue_declare("ha.epoch", durable=True)
+    c.close()
+    _synced(hare1, "ha.epoch", ["hare2", "hare3"])
+    with grpc.insecure_channel(f"127.0.0.1:{hare2.cluster_port}") as channel:
+        stub = pbg.ClusterStub(channel)
+        md = (("x-haremq-secret", SECRET),)
+        for epoch, master in ((7, "hare1"), (1, "hare3")):
+            batch = pb.MirrorBatch(vhost="/", queue="ha.epoch", epoch=epoch, master=master, reset=True,
+                                   snapshot_done=True)
+            replies = list(stub.Mirror(iter([batch]), metadata=md, timeout=5))
+            assert len(replies) == 1 and "stale epoch" in replies[0].error
+    assert sorted(_row(hare1, "ha.epoch")["synchronised_mirrors"]) == ["hare2", "hare3"]
