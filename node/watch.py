@@ -1,7 +1,9 @@
 """`haremq ctl watch`: a live view of the cluster, redrawn every second.
 
-Members up, down or paused, and every queue with its home node, message and
-consumer counts and rates. Killing a node shows here as it happens.
+Members up, down or paused, and every queue with its master, mirrors (synchronised
+ones marked, sync progress shown), epoch, message and consumer counts and rates.
+Killing a master shows here as it happens: the node goes down, a mirror becomes
+master and the epoch goes up.
 """
 from __future__ import annotations
 
@@ -36,14 +38,31 @@ def _members_table(status: dict | None, error: str | None) -> Table:
 
 def _queues_table(queues: list, rates: dict) -> Table:
     table = Table(title="queues", expand=True)
-    for column in ("vhost", "name", "node", "state", "messages", "unacked", "consumers", "in+out msg/s"):
+    for column in ("vhost", "name", "master", "epoch", "mirrors", "state", "messages", "unacked", "consumers",
+                   "in+out msg/s"):
         table.add_column(column)
     for q in queues:
         state = q.get("state", "running")
-        table.add_row(q["vhost"], q["name"], q["node"], "[red]down" if state == "down" else state,
+        table.add_row(q["vhost"], q["name"], q["node"], str(q.get("epoch") or "-"), _mirrors(q),
+                      "[red]down" if state == "down" else state,
                       str(q["messages"]), str(q["messages_unacknowledged"]), str(q["consumers"]),
                       f"{rates.get((q['vhost'], q['name']), 0):.0f}")
     return table
+
+
+def _mirrors(q: dict) -> str:
+    """hare2 (synced), hare3 (syncing 4000/100000) ..."""
+    synced = set(q.get("synchronised_mirrors") or [])
+    progress = q.get("sync_progress") or {}
+    parts = []
+    for node in q.get("mirrors") or []:
+        if node in synced:
+            parts.append(f"{node} [green](synced)")
+        elif node in progress:
+            parts.append(f"{node} [yellow](syncing {progress[node]})")
+        else:
+            parts.append(f"{node} [yellow](not synced)")
+    return ", ".join(parts) or "-"
 
 
 async def watch(node: str, secret: str, interval: float, control, once: bool = False) -> None:
@@ -57,7 +76,7 @@ async def watch(node: str, secret: str, interval: float, control, once: bool = F
         except Exception as exc:  # noqa: BLE001
             error = str(exc)
         from rich.console import Console
-        Console(width=120).print(Group(_members_table(status, error), _queues_table(queues or [], {})))
+        Console(width=200).print(Group(_members_table(status, error), _queues_table(queues or [], {})))
         return
     with Live(refresh_per_second=4, screen=False) as live:
         while True:
@@ -72,6 +91,8 @@ async def watch(node: str, secret: str, interval: float, control, once: bool = F
             counts = {}
             for q in queues or []:
                 key = (q["vhost"], q["name"])
+                if q["messages"] is None:
+                    continue
                 counts[key] = q["messages"]
                 if key in previous:
                     rates[key] = abs(q["messages"] - previous[key]) / max(now - last, 1e-6)

@@ -314,6 +314,119 @@ def test_compose_init_sets_the_ha_policy(compose_config):
     assert init.get("restart", "no") == "no"
 
 
+def _local_argv(command: list[str], ports: dict, amqp: dict, data_dir: Path, secret: Path) -> list[str]:
+    """A compose node command as a local process: container hosts and ports become loopback ones."""
+    argv = list(command)
+    name = argv[argv.index("--name") + 1]
+    argv[argv.index("--data-dir") + 1] = str(data_dir)
+    argv[argv.index("--amqp-port") + 1] = str(amqp[name])
+    argv[argv.index("--bind") + 1] = "127.0.0.1"
+    argv[argv.index("--cluster-port") + 1] = str(ports[name])
+    argv[argv.index("--cluster-secret-file") + 1] = str(secret)
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--peer":
+            peer = arg.split("=", 1)[0]
+            argv[i] = f"{peer}=127.0.0.1:{ports[peer]}"
+    return argv
+
+
+def test_compose_topology_as_local_processes_survives_killing_the_master(compose_config, tmp_path):
+    """The compose file's own node commands, environment and ha policy, run as local processes:
+    SIGKILL of the master under confirm load loses no confirmed message, and `ctl watch --once`
+    shows the node down and the new master."""
+    import threading
+    import time
+
+    import pika
+
+    from tests.conftest import free_port, haremq_command, port_open, wait_until
+    secret = tmp_path / "cluster_secret"
+    secret.write_text((DEPLOY / "cluster-secret.example").read_text())
+    ports = {n: free_port() for n in NODES}
+    amqp = {n: free_port() for n in NODES}
+    procs = {}
+
+    def start(name):
+        service = compose_config["services"][name]
+        env = dict(os.environ, **{k: str(v) for k, v in service["environment"].items()})
+        env["HAREMQ_CLUSTER_SECRET_FILE"] = str(secret)
+        argv = _local_argv(service["command"], ports, amqp, tmp_path / name, secret)
+        log = open(tmp_path / f"{name}.log", "ab")
+        procs[name] = subprocess.Popen([*haremq_command(), *argv], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True, cwd=str(ROOT))
+
+    def ctl(name, *args):
+        return subprocess.run([*haremq_command(), "ctl", "--node", f"127.0.0.1:{ports[name]}",
+                               "--cluster-secret-file", str(secret), *args], capture_output=True, text=True,
+                              timeout=30, cwd=str(ROOT))
+
+    env = compose_config["services"]["hare1"]["environment"]
+    user, password = env["HAREMQ_DEFAULT_USER"], env["HAREMQ_DEFAULT_PASS"]
+
+    def url(name):
+        return f"amqp://{user}:{password}@127.0.0.1:{amqp[name]}/%2F"
+    try:
+        for name in NODES:
+            start(name)
+        for name in NODES:
+            wait_until(lambda name=name: port_open(amqp[name], 0.2), timeout=60,
+                       message=f"{name} never served AMQP: {(tmp_path / f'{name}.log').read_text()[-800:]}")
+        init = " ".join(compose_config["services"]["init"]["command"])
+        policy = shlex.split(re.search(r"set-policy .*--apply-to queues", init).group(0))
+        done = ctl("hare1", *policy)
+        assert done.returncode == 0, done.stderr
+        c = pika.BlockingConnection(pika.URLParameters(url("hare1")))
+        c.channel().queue_declare("ha.deploy", durable=True)
+        c.close()
+        wait_until(lambda: len(json.loads(ctl("hare1", "list-queues", "--json").stdout)[0]["synchronised_mirrors"])
+                   == 2, timeout=20)
+        confirmed, stop = [], threading.Event()
+
+        def publish():
+            conn = pika.BlockingConnection(pika.URLParameters(url("hare2")))
+            ch = conn.channel()
+            ch.confirm_delivery()
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    ch.basic_publish("", "ha.deploy", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+                    confirmed.append(str(i).encode())
+                except pika.exceptions.NackError:
+                    time.sleep(0.02)
+            conn.close()
+        publisher = threading.Thread(target=publish)
+        publisher.start()
+        time.sleep(2)
+        os.killpg(procs["hare1"].pid, 9)
+        procs["hare1"].wait(10)
+        time.sleep(3)
+        stop.set()
+        publisher.join(30)
+        frame = wait_until(lambda: (lambda out: out if "down" in out else None)(
+            ctl("hare2", "watch", "--once").stdout), timeout=10)
+        hare1_line = next(line for line in frame.splitlines() if line.strip("│ ").startswith("hare1"))
+        assert "down" in hare1_line, frame
+        queue_line = next(line for line in frame.splitlines() if "ha.deploy" in line)
+        master, epoch = queue_line.split("ha.deploy", 1)[1].replace("│", " ").split()[:2]
+        assert master in ("hare2", "hare3") and epoch == "2", frame
+        c = pika.BlockingConnection(pika.URLParameters(url("hare3")))
+        ch = c.channel()
+        consumed = set()
+        while True:
+            method, _props, body = ch.basic_get("ha.deploy", auto_ack=True)
+            if method is None:
+                break
+            consumed.add(body)
+        c.close()
+        assert confirmed and not set(confirmed) - consumed, f"{len(set(confirmed) - consumed)} confirmed lost"
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait(10)
+
+
 # --------------------------------------------------------------------------- helm
 
 def helm(*args: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,199 @@
+"""Chaos for mirrored queues (MIR-4, MIR-5, CONF-5): publishers with confirms and consumers with
+manual acks on every node while the current master is SIGKILLed and restarted, and while one
+node is cut off from the others (a majority/minority split). A checker in the style of Jepsen's
+total-queue compares what was confirmed with what was consumed: a confirmed message that was
+never consumed is lost, and must never happen; duplicates and unconfirmed losses are counted.
+
+Rounds: HAREMQ_CHAOS_KILL_ROUNDS (default 3) and HAREMQ_CHAOS_PARTITION_ROUNDS (default 2);
+deploy/chaos-suite.sh runs it for longer.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from collections import Counter
+
+import pika
+import pytest
+
+from tests.clusters import ctl, ctl_json, proxied_cluster
+from tests.conftest import IS_REF, wait_until
+
+pytestmark = [pytest.mark.skipif(IS_REF, reason="kills cluster node processes"), pytest.mark.chaos]
+
+KILL_ROUNDS = int(os.environ.get("HAREMQ_CHAOS_KILL_ROUNDS", "3"))
+PARTITION_ROUNDS = int(os.environ.get("HAREMQ_CHAOS_PARTITION_ROUNDS", "2"))
+QUEUE = "chaos.q"
+
+
+class Load:
+    """One publisher and one consumer per node, each reconnecting (to any node) when cut off."""
+
+    def __init__(self, members):
+        self.members = members
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.published: set[str] = set()
+        self.confirmed: set[str] = set()
+        self.consumed: Counter = Counter()
+        self.threads = []
+        for i, _m in enumerate(members):
+            self.threads.append(threading.Thread(target=self._publish, args=(i,), daemon=True))
+            self.threads.append(threading.Thread(target=self._consume, args=(i,), daemon=True))
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+    def _connect(self, i):
+        for k in range(len(self.members)):
+            member = self.members[(i + k) % len(self.members)]
+            try:
+                return pika.BlockingConnection(pika.URLParameters(member.url + "?heartbeat=5&socket_timeout=5"))
+            except Exception:  # noqa: BLE001 - that node is down or paused: try the next
+                continue
+        time.sleep(0.2)
+        return None
+
+    def _publish(self, i):
+        n = 0
+        while not self.stop.is_set():
+            conn = self._connect(i)
+            if conn is None:
+                continue
+            try:
+                ch = conn.channel()
+                ch.confirm_delivery()
+                while not self.stop.is_set():
+                    n += 1
+                    body = f"p{i}-{n}"
+                    with self.lock:
+                        self.published.add(body)
+                    try:
+                        ch.basic_publish("", QUEUE, body.encode(), pika.BasicProperties(delivery_mode=2))
+                    except pika.exceptions.NackError:
+                        time.sleep(0.02)
+                        continue
+                    with self.lock:
+                        self.confirmed.add(body)
+            except Exception:  # noqa: BLE001 - the node went away: reconnect elsewhere
+                time.sleep(0.1)
+            finally:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def _consume(self, i):
+        while not self.stop.is_set():
+            conn = self._connect(i + 1)
+            if conn is None:
+                continue
+            try:
+                ch = conn.channel()
+                ch.basic_qos(prefetch_count=50)
+
+                def on_message(ch_, method, _props, body):
+                    with self.lock:
+                        self.consumed[body.decode()] += 1
+                    ch_.basic_ack(method.delivery_tag)
+                ch.basic_consume(QUEUE, on_message)
+                while not self.stop.is_set() and ch.consumer_tags:
+                    conn.process_data_events(0.1)
+            except Exception:  # noqa: BLE001
+                time.sleep(0.1)
+            finally:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+
+def _row(member):
+    try:
+        return next((r for r in ctl_json(member, "list-queues") if r["name"] == QUEUE), None)
+    except Exception:  # noqa: BLE001 - that node is paused or down
+        return None
+
+
+def _healthy(members, alive):
+    """The queue has a running master and every other live node as a synchronised mirror."""
+    for m in alive:
+        row = _row(m)
+        if row and row.get("state") == "running":
+            others = sorted(x.name for x in members if x.name != row["master"])
+            return row if sorted(row["synchronised_mirrors"]) == others else None
+    return None
+
+
+def test_chaos_total_queue(tmp_path):
+    members, partition = proxied_cluster(tmp_path, failure_timeout=3.0)
+    by_name = {m.name: m for m in members}
+    load = Load(members)
+    report = {"kill_rounds": 0, "partition_rounds": 0}
+    try:
+        r = ctl(members[0], "set-policy", "chaos", r"^chaos\.", json.dumps({"ha-mode": "all",
+                                                                           "ha-sync-mode": "automatic"}),
+                "--apply-to", "queues")
+        assert r.returncode == 0, r.stderr
+        c = pika.BlockingConnection(pika.URLParameters(members[0].url))
+        c.channel().queue_declare(QUEUE, durable=True)
+        c.close()
+        wait_until(lambda: _healthy(members, members), timeout=30)
+        load.start()
+        time.sleep(2)
+        for round_ in range(KILL_ROUNDS):
+            row = wait_until(lambda: _healthy(members, members), timeout=60,
+                             message=f"kill round {round_}: the queue never had all its mirrors in sync")
+            victim = by_name[row["master"]]
+            victim.kill9()
+            survivors = [m for m in members if m is not victim]
+            wait_until(lambda: (lambda r: r and r["master"] != victim.name and r["state"] == "running")(
+                _row(random.choice(survivors))), timeout=30,
+                message=f"kill round {round_}: no new master after killing {victim.name}")
+            time.sleep(1.5)
+            victim.start(timeout=60)
+            report["kill_rounds"] += 1
+        for round_ in range(PARTITION_ROUNDS):
+            wait_until(lambda: _healthy(members, members), timeout=60,
+                       message=f"partition round {round_}: the queue never had all its mirrors in sync")
+            partition["cut"]()              # hare1 alone in the minority: it pauses
+            time.sleep(5)
+            partition["heal"]()
+            report["partition_rounds"] += 1
+        wait_until(lambda: _healthy(members, members), timeout=60, message="the cluster never settled")
+        time.sleep(2)
+    finally:
+        load.finish()
+        row = _healthy(members, members) or {}
+        drain_from = by_name.get(row.get("master"), members[1])
+        try:
+            c = pika.BlockingConnection(pika.URLParameters(drain_from.url))
+            ch = c.channel()
+            while True:
+                method, _props, body = ch.basic_get(QUEUE, auto_ack=True)
+                if method is None:
+                    break
+                load.consumed[body.decode()] += 1
+            c.close()
+        finally:
+            for m in members:
+                m.kill9()
+            partition["close"]()
+    consumed = set(load.consumed)
+    lost = load.confirmed - consumed
+    report.update(published=len(load.published), confirmed=len(load.confirmed), consumed=len(consumed),
+                  lost_confirmed=len(lost), duplicates=sum(n - 1 for n in load.consumed.values() if n > 1),
+                  unconfirmed_lost=len(load.published - load.confirmed - consumed))
+    print("chaos tally:", json.dumps(report, sort_keys=True))
+    assert report["kill_rounds"] == KILL_ROUNDS and report["partition_rounds"] == PARTITION_ROUNDS
+    assert load.confirmed, "nothing was confirmed"
+    assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
