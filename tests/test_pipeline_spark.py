@@ -452,6 +452,60 @@ def test_source_node_sigkilled_mid_stream_loses_nothing(spark, node, tmp_path):
     assert ready == 0, f"{ready} messages came back to the input after the query stopped"
 
 
+def test_master_of_a_mirrored_source_queue_killed_mid_stream_loses_nothing(spark, node, tmp_path):
+    """Three nodes, the source queue mirrored on all of them; the job reads through the two
+    that survive while its master is SIGKILLed: a mirror takes over and nothing is lost."""
+    if REF_PORT:
+        pytest.skip("controls node processes")
+    import json as json_
+
+    from tests.clusters import ctl, ctl_json, proxied_cluster
+    members, partition = proxied_cluster(tmp_path / "cluster", failure_timeout=3.0)
+    hare1, hare2, hare3 = members
+    try:
+        r = ctl(hare1, "set-policy", "ha", r"^ha\.", json_.dumps({"ha-mode": "all", "ha-sync-mode": "automatic"}),
+                "--apply-to", "queues")
+        assert r.returncode == 0, r.stderr
+        n = 20_000
+        src, dst = _name("ha.in"), _name("mk.out")
+        _declare(hare1.url, src)
+        _declare(node.url, dst)
+        expected = {f"m-{i:06d}".encode() for i in range(n)}
+        assert _fill(hare1.url, src, sorted(expected)) == n
+        deadline = time.monotonic() + 30
+        while sorted(next(q for q in ctl_json(hare1, "list-queues") if q["name"] == src)["synchronised_mirrors"]) \
+                != ["hare2", "hare3"]:
+            assert time.monotonic() < deadline, "mirrors never synchronised"
+            time.sleep(0.2)
+        drain = Drain(node.url, dst)
+        df = (spark.readStream.format("haremq").option("uri", f"{hare2.url},{hare3.url}").option("queue", src)
+              .option("maxRowsPerBatch", "1000").option("reconnectTimeout", "60").load())
+        q = (df.select("body").writeStream.format("haremq").option("uri", node.url)
+             .option("routingKey", dst).option("checkpointLocation", str(tmp_path / "ck")).start())
+
+        def failed():
+            if q.exception() is not None:
+                raise AssertionError(f"query failed: {q.exception()}")
+        try:
+            assert drain.until(lambda: drain.total >= 5000, 120, on_idle=failed), "nothing flowed"
+            hare1.kill9()
+            at_kill = len(set(drain.bodies))
+            done = drain.until(lambda: expected <= set(drain.bodies), 180, on_idle=failed)
+            time.sleep(3)
+        finally:
+            q.stop()
+        drain.pump(1)
+        drain.close()
+        missing = len(expected - set(drain.bodies))
+        print(f"\nmaster SIGKILL after {at_kill} distinct; {len(expected) - missing}/{n} distinct in the end, "
+              f"{drain.total - len(set(drain.bodies))} duplicates")
+        assert done and missing == 0, f"{missing} messages lost"
+    finally:
+        for m in members:
+            m.kill9()
+        partition["close"]()
+
+
 # --------------------------------------------------------------------------- rows and routing
 
 def test_rows_carry_the_message_and_routing_key_column_overrides(spark, node, tmp_path):
