@@ -134,6 +134,7 @@ def _healthy(members, alive):
     return None
 
 
+@pytest.mark.timeout(120 + 30 * (KILL_ROUNDS + PARTITION_ROUNDS))
 def test_chaos_total_queue(tmp_path):
     members, partition = proxied_cluster(tmp_path, failure_timeout=3.0)
     by_name = {m.name: m for m in members}
