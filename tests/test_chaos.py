@@ -87,10 +87,7 @@ class Load:
             except Exception:  # noqa: BLE001 - the node went away: reconnect elsewhere
                 time.sleep(0.1)
             finally:
-                try:
-                    conn.close()
-                except Exception:  # noqa: BLE001
-                    pass
+                _close(conn)
 
     def _consume(self, i):
         while not self.stop.is_set():
@@ -111,10 +108,14 @@ class Load:
             except Exception:  # noqa: BLE001
                 time.sleep(0.1)
             finally:
-                try:
-                    conn.close()
-                except Exception:  # noqa: BLE001
-                    pass
+                _close(conn)
+
+
+def _close(conn) -> None:
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001 - already gone with its node
+        pass
 
 
 def _row(member):

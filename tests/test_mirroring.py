@@ -70,6 +70,15 @@ def _synced(member, name, mirrors):
         raise AssertionError(f"{name} never had synchronised mirrors {mirrors}: {seen}") from None
 
 
+def _mirrored_on_all(hare1, name, via=None):
+    """A durable queue mastered on hare1, mirrored on hare2 and hare3 and synchronised; its row."""
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1)
+    ch.queue_declare(name, durable=True)
+    c.close()
+    return _synced(via or hare1, name, ["hare2", "hare3"])
+
+
 def _drain(member, queue, ack=True, limit=None):
     """Every message left in the queue (or the first `limit`), via basic.get: [(body, redelivered)]."""
     c, ch = _chan(member)
@@ -143,11 +152,7 @@ def test_bad_ha_policies_are_refused(cluster):
 def test_failover_keeps_every_confirmed_message_and_redelivers_unacked(cluster):
     members, _ = cluster
     hare1, hare2, hare3 = members
-    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
-    c, ch = _chan(hare1)
-    ch.queue_declare("ha.fail", durable=True)
-    c.close()
-    oldest = _synced(hare2, "ha.fail", ["hare2", "hare3"])["synchronised_mirrors"][0]
+    oldest = _mirrored_on_all(hare1, "ha.fail", via=hare2)["synchronised_mirrors"][0]
     pc, pub = _chan(hare2, confirm=True)     # publishing through a mirror, to the master on hare1
     for i in range(200):
         pub.basic_publish("", "ha.fail", str(i).encode(), PERSISTENT)
@@ -184,11 +189,7 @@ def test_failover_keeps_every_confirmed_message_and_redelivers_unacked(cluster):
 def test_consumers_on_survivors_keep_consuming_or_get_cancel(cluster):
     members, _ = cluster
     hare1, hare2, hare3 = members
-    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
-    c, ch = _chan(hare1)
-    ch.queue_declare("ha.consume", durable=True)
-    c.close()
-    _synced(hare1, "ha.consume", ["hare2", "hare3"])
+    _mirrored_on_all(hare1, "ha.consume", via=hare1)
     stay_c, stay = _chan(hare3)
     got = []
     stay.basic_consume("ha.consume", lambda ch_, m, _p, body: (got.append(body), ch_.basic_ack(m.delivery_tag)))
@@ -215,11 +216,7 @@ def test_consumers_on_survivors_keep_consuming_or_get_cancel(cluster):
 def test_confirm_waits_for_a_stopped_mirror_until_it_is_dropped(cluster):
     members, _ = cluster
     hare1, hare2, hare3 = members
-    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
-    c, ch = _chan(hare1)
-    ch.queue_declare("ha.stop", durable=True)
-    c.close()
-    _synced(hare1, "ha.stop", ["hare2", "hare3"])
+    _mirrored_on_all(hare1, "ha.stop", via=hare1)
     _, pub = _chan(hare1, confirm=True)
     pub.basic_publish("", "ha.stop", b"before", PERSISTENT)
     os.killpg(hare3.proc.pid, signal.SIGSTOP)
@@ -347,12 +344,14 @@ def test_deposed_master_rejoins_as_a_mirror_and_drops_its_copy(cluster):
         ch.basic_publish("", "ha.fence", str(i).encode(), PERSISTENT)
     c.close()
     hare1.kill9()
-    wait_until(lambda: (lambda r: r and r["master"] == "hare2")(_row(hare2, "ha.fence")), timeout=10)
-    got = _drain(hare2, "ha.fence", limit=60)  # consume 60 on the new master
+    new = wait_until(lambda: (lambda r: r["master"] if r and r["master"] != "hare1" else None)(
+        _row(hare2, "ha.fence")), timeout=10)
+    master = hare2 if new == "hare2" else hare3
+    got = _drain(master, "ha.fence", limit=60)  # consume 60 on the new master
     assert len(got) == 60
     hare1.start(timeout=60)                    # it had all 100 on disk; the new master has 40
-    row = _synced(hare2, "ha.fence", ["hare3", "hare1"])
-    assert row["master"] == "hare2" and row["epoch"] == 2 and row["messages"] == 40
+    row = _synced(hare2, "ha.fence", [m.name for m in members if m is not master])
+    assert row["master"] == new and row["epoch"] == 2 and row["messages"] == 40
     assert "deposed: this node's copy of the queue is dropped" in hare1.log_text()
     assert len(_drain(hare1, "ha.fence")) == 40
 
@@ -360,11 +359,7 @@ def test_deposed_master_rejoins_as_a_mirror_and_drops_its_copy(cluster):
 def test_partitioned_master_is_fenced_and_nothing_confirmed_is_lost(cluster):
     members, partition = cluster
     hare1, hare2, hare3 = members
-    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
-    c, ch = _chan(hare1)
-    ch.queue_declare("ha.split", durable=True)
-    c.close()
-    _synced(hare2, "ha.split", ["hare2", "hare3"])
+    _mirrored_on_all(hare1, "ha.split", via=hare2)
     assert _row(hare2, "ha.split")["master"] == "hare1"
     confirmed = []
     pc, pub = _chan(hare2, confirm=True)
