@@ -120,6 +120,7 @@ def launch(members):
 def proxied_cluster(tmp_path, failure_timeout: float = 1.5):
     """Three members; hare1 reaches the others (and they reach it) through proxies.
     Returns (members, partition) where partition["cut"]() isolates hare1 and ["heal"]() undoes it."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET)
     ports = {n: free_port() for n in ("hare1", "hare2", "hare3")}
