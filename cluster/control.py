@@ -85,7 +85,9 @@ class Control:
             "majority": bool(membership.has_majority),
             "paused": membership.paused,
             "leader": self.node.leader_name(),
-            "alarms": sorted(self.broker.alarms),
+            "alarms": sorted(self.broker.alarms_in_force),
+            "alarms_by_node": {n: sorted(a) for n, a in
+                               {self.node.name: self.broker.alarms, **self.broker.peer_alarms}.items() if a},
             "features": FEATURES,
         }
 

@@ -47,6 +47,7 @@ class Peer:
     refused: bool = False      # its port refuses connections: the process is gone, no need to wait
     probe: asyncio.Event | None = None
     sees_down: frozenset = frozenset()   # the members it said it considers down, in its last reply
+    alarms: frozenset = frozenset()      # its own resource alarms, in its last reply
 
     def is_up(self, now: float, timeout: float) -> bool:
         return self.last_seen > 0 and not self.refused and now - self.last_seen < timeout
@@ -64,6 +65,7 @@ class Membership:
         self.has_majority: bool | None = None
         self.paused = False
         self.log = structlog.get_logger("haremq.cluster").bind(node=name)
+        self.on_alarms: Callable[[str, frozenset], None] | None = None   # a member's alarms changed
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -110,6 +112,7 @@ class Membership:
                 peer.paused = reply.paused
                 peer.leader = reply.leader
                 peer.sees_down = frozenset(reply.down)
+                self._peer_alarms(peer, frozenset(reply.alarms))
                 if not was_up:
                     self.log.info("member up", member=peer.name)
                     was_up = True
@@ -124,8 +127,10 @@ class Membership:
                     for other in self.peers.values():     # have the others' views of it refreshed
                         if other is not peer and other.probe is not None:
                             other.probe.set()
-                if was_up and not peer.is_up(time.monotonic(), self.failure_timeout):
-                    was_up = False
+                if not peer.is_up(time.monotonic(), self.failure_timeout):
+                    if was_up:
+                        was_up = False
+                    self._peer_alarms(peer, frozenset())     # a member that is down blocks nobody
             except asyncio.CancelledError:
                 raise
             try:
@@ -133,6 +138,12 @@ class Membership:
             except asyncio.TimeoutError:
                 pass
             peer.probe.clear()
+
+    def _peer_alarms(self, peer: Peer, alarms: frozenset) -> None:
+        if alarms != peer.alarms:
+            peer.alarms = alarms
+            if self.on_alarms is not None:
+                self.on_alarms(peer.name, alarms)
 
     def probe(self, name: str) -> None:
         """Something suggests `name` is gone (a stream to it broke): ping it now."""

@@ -52,6 +52,7 @@ class ClusterNode:
         self.mirroring = Mirroring(self)
         self.metadata.mirroring = self.mirroring
         self.metadata.on_home_lost = self.membership.probe
+        self.membership.on_alarms = broker.set_peer_alarms
         self._server: grpc.aio.Server | None = None
         self._transition: asyncio.Task | None = None
         self._announced = False

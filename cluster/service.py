@@ -17,7 +17,7 @@ class ClusterService(pbg.ClusterServicer):
 
     async def Ping(self, request, context):
         return pb.PingReply(node=self.node.name, leader=self.node.leader_name() or "",
-                            down=self.node.membership.down_members(),
+                            down=self.node.membership.down_members(), alarms=sorted(self.node.broker.alarms),
                             paused=self.node.membership.paused)
 
     async def RequestVote(self, request, context):

@@ -21,10 +21,12 @@ class ClusterMember(Node):
         self.peers = peers            # name -> host:port
         self.secret_file = secret_file
         self.failure_timeout = failure_timeout
+        self.extra_args: list[str] = []
 
     def argv(self):
         argv = super().argv() + ["--cluster-port", str(self.cluster_port),
-                                 "--cluster-secret-file", str(self.secret_file), "--failure-timeout", str(self.failure_timeout)]
+                                 "--cluster-secret-file", str(self.secret_file),
+                                 "--failure-timeout", str(self.failure_timeout), *self.extra_args]
         for name, address in self.peers.items():
             argv += ["--peer", f"{name}={address}"]
         return argv
@@ -117,7 +119,7 @@ def launch(members):
                    message=f"{m.name} never served AMQP:\n{m.log_tail()}")
 
 
-def proxied_cluster(tmp_path, failure_timeout: float = 1.5):
+def proxied_cluster(tmp_path, failure_timeout: float = 1.5, extra_args: dict | None = None):
     """Three members; hare1 reaches the others (and they reach it) through proxies.
     Returns (members, partition) where partition["cut"]() isolates hare1 and ["heal"]() undoes it."""
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -133,6 +135,8 @@ def proxied_cluster(tmp_path, failure_timeout: float = 1.5):
     }
     members = [ClusterMember(n, tmp_path / n, ports[n], peers[n], secret_file, failure_timeout)
                for n in ("hare1", "hare2", "hare3")]
+    for m in members:
+        m.extra_args = list((extra_args or {}).get(m.name, []))
     launch(members)
     all_proxies = (*proxies.values(), *proxy_to_1.values())
     partition = {"cut": lambda: [p.cut() for p in all_proxies],

@@ -406,3 +406,91 @@ def test_a_stale_epoch_is_refused_by_a_mirror(cluster):
             replies = list(stub.Mirror(iter([batch]), metadata=md, timeout=5))
             assert len(replies) == 1 and "stale epoch" in replies[0].error
     assert sorted(_row(hare1, "ha.epoch")["synchronised_mirrors"]) == ["hare2", "hare3"]
+
+
+# ---- queue features across a failover (PUB-4) and cluster-wide alarms (ERR-4) ---------------------
+def test_queue_features_survive_a_failover(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1, confirm=True)
+    ch.exchange_declare("ha.dlx", "fanout", durable=True)
+    ch.queue_declare("ha.dead", durable=True)
+    ch.queue_bind("ha.dead", "ha.dlx")
+    queues = {
+        "ha.ttl": {"x-message-ttl": 1500, "x-dead-letter-exchange": "ha.dlx"},
+        "ha.maxlen": {"x-max-length": 3},
+        "ha.prio": {"x-max-priority": 5},
+        "ha.limit": {"x-delivery-limit": 1, "x-dead-letter-exchange": "ha.dlx"},
+    }
+    for name, args in queues.items():
+        ch.queue_declare(name, durable=True, arguments=args)
+    for name in (*queues, "ha.dead"):
+        _synced(hare1, name, ["hare2", "hare3"])
+    for i in range(5):
+        ch.basic_publish("", "ha.maxlen", str(i).encode(), PERSISTENT)
+        ch.basic_publish("", "ha.prio", str(i).encode(), pika.BasicProperties(delivery_mode=2, priority=i))
+    ch.basic_publish("", "ha.ttl", b"expires", PERSISTENT)
+    ch.basic_publish("", "ha.limit", b"poison", PERSISTENT)
+    c.close()
+    hare1.kill9()
+    wait_until(lambda: all((lambda r: r and r["master"] != "hare1")(_row(hare2, q)) for q in queues), timeout=15)
+    # max-length kept the newest 3; priorities still order deliveries
+    assert [b for b, _r in _drain(hare3, "ha.maxlen")] == [b"2", b"3", b"4"]
+    assert [b for b, _r in _drain(hare3, "ha.prio")] == [b"4", b"3", b"2", b"1", b"0"]
+    # the TTL (counted again from the promotion) still expires into the dead-letter exchange
+    wait_until(lambda: [b for b, _r in _drain(hare2, "ha.dead", ack=False)] == [b"expires"], timeout=10)
+    # max-length is still enforced by the new master
+    c, ch = _chan(hare3, confirm=True)
+    for i in range(5, 10):
+        ch.basic_publish("", "ha.maxlen", str(i).encode(), PERSISTENT)
+    c.close()
+    assert _row(hare2, "ha.maxlen")["messages"] == 3
+    # the delivery limit: rejected with requeue twice, then dead-lettered
+    c, ch = _chan(hare3)
+    for _ in range(2):
+        method = wait_until(lambda: ch.basic_get("ha.limit")[0], timeout=5)
+        ch.basic_nack(method.delivery_tag, requeue=True)
+    c.close()
+    wait_until(lambda: sorted(b for b, _r in _drain(hare2, "ha.dead", ack=False)) == [b"expires", b"poison"],
+               timeout=10)
+
+
+def test_an_alarm_on_one_node_blocks_publishers_on_every_node(tmp_path):
+    # hare2 starts with a memory watermark it is always above: its memory alarm blocks publishers
+    # connected to hare1 too; consumers keep receiving; killing hare2 lifts the block
+    members, partition = proxied_cluster(tmp_path, failure_timeout=3.0,
+                                         extra_args={"hare2": ["--vm-memory-high-watermark", "1MB"]})
+    hare1, hare2, hare3 = members
+    try:
+        status = wait_until(lambda: (lambda s: s if s["alarms"] else None)(ctl_json(hare1, "cluster-status")),
+                            timeout=10)
+        assert status["alarms"] == ["memory"] and status["alarms_by_node"] == {"hare2": ["memory"]}
+        c, ch = _chan(hare3)
+        ch.queue_declare("alarm.q")
+        ch.basic_publish("", "alarm.q", b"queued before")     # not blocked until it publishes
+        # (left open: a blocked connection's frames, connection.close too, wait unread)
+        blocked, unblocked = [], []
+        pub = pika.BlockingConnection(pika.URLParameters(hare1.url))
+        pub.add_on_connection_blocked_callback(lambda _c, frame: blocked.append(frame.method.reason))
+        pub.add_on_connection_unblocked_callback(lambda _c, _frame: unblocked.append(True))
+        pch = pub.channel()
+        pch.basic_publish("", "alarm.q", b"held back")
+        wait_until(lambda: pub.process_data_events(0.05) or blocked, timeout=10)
+        assert blocked == ["low on memory"]
+        # a consumer on hare1 (a connection that never published) still gets messages
+        cc, cons = _chan(hare1)
+        method, _props, body = wait_until(lambda: (lambda r: r if r[0] else None)(cons.basic_get("alarm.q")),
+                                          timeout=10)
+        assert body == b"queued before"
+        hare2.kill9()                         # its alarm goes with it
+        wait_until(lambda: pub.process_data_events(0.05) or unblocked, timeout=15)
+        assert wait_until(lambda: (lambda r: r if r[0] else None)(cons.basic_get("alarm.q")),
+                          timeout=10)[2] == b"held back"
+        assert ctl_json(hare1, "cluster-status")["alarms"] == []
+        for conn in (pub, cc):
+            conn.close()
+    finally:
+        for m in members:
+            m.kill9()
+        partition["close"]()

@@ -31,7 +31,9 @@ class Broker(Persistence):
         self.sessions_by_key: dict = {}
         self.cluster = None          # cluster.node.ClusterNode when clustered
         self._reply_to: dict[str, object] = {}
-        self.alarms: set[str] = set()
+        self.alarms: set[str] = set()          # this node's own
+        self.peer_alarms: dict[str, frozenset] = {}   # other members' own, as they last reported them
+        self._blocking = False
         self.resources = None             # node.alarms.ResourceMonitor, set by the node
         self.log = structlog.get_logger("haremq.broker").bind(node=node_name)
         self.confirming: set = set()   # sessions with confirms to send
@@ -199,19 +201,37 @@ class Broker(Persistence):
 
     # ---- resource alarms (ERR-4) ------------------------------------------------------------
     def set_alarm(self, name: str, active: bool) -> None:
-        before = bool(self.alarms)
         if active:
             self.alarms.add(name)
         else:
             self.alarms.discard(name)
-        if bool(self.alarms) != before:
-            self.log.warning("resource alarm", alarm=name, active=active)
+        self._alarms_changed(name)
+
+    def set_peer_alarms(self, node: str, names) -> None:
+        """A member's own alarms: in a cluster an alarm anywhere blocks publishers everywhere."""
+        names = frozenset(names)
+        if self.peer_alarms.get(node, frozenset()) != names:
+            self.peer_alarms[node] = names
+            self._alarms_changed(f"{sorted(names) or 'none'} on {node}")
+
+    @property
+    def alarms_in_force(self) -> set[str]:
+        found = set(self.alarms)
+        for names in self.peer_alarms.values():
+            found.update(names)
+        return found
+
+    def _alarms_changed(self, what: str) -> None:
+        blocking = bool(self.alarms_in_force)
+        if blocking != self._blocking:
+            self._blocking = blocking
+            self.log.warning("resource alarm", alarm=what, active=blocking)
             for session in list(self.sessions):
-                session.alarm_changed(bool(self.alarms))
+                session.alarm_changed(blocking)
 
     def alarm_reason(self) -> str:
         # RabbitMQ's words: "low on memory", "low on disk" (the free-space and write alarms alike)
-        kinds = sorted({"disk" if name.startswith("disk") else name for name in self.alarms})
+        kinds = sorted({"disk" if name.startswith("disk") else name for name in self.alarms_in_force})
         return " & ".join(f"low on {kind}" for kind in kinds)
 
     def set_vm_memory_high_watermark(self, watermark: str) -> dict:
