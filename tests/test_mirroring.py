@@ -494,3 +494,28 @@ def test_an_alarm_on_one_node_blocks_publishers_on_every_node(tmp_path):
         for m in members:
             m.kill9()
         partition["close"]()
+
+
+def test_promote_on_shutdown_always_promotes_an_unsynchronised_mirror(cluster):
+    # a controlled stop (SIGTERM) follows ha-promote-on-shutdown, not ha-promote-on-failure
+    members, _ = cluster
+    hare1, hare2, _ = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "exactly", "ha-params": 2, "ha-promote-on-shutdown": "always"})
+    c, ch = _chan(hare1, confirm=True)
+    ch.queue_declare("ha.shutdown", durable=True)
+    c.close()
+    _synced(hare1, "ha.shutdown", ["hare2"])
+    c, ch = _chan(hare1, confirm=True)
+    ch.basic_publish("", "ha.shutdown", b"old", PERSISTENT)
+    c.close()
+    _restart(hare2)                       # back empty, and manual sync leaves it unsynchronised
+    _synced(hare1, "ha.shutdown", [])
+    c, ch = _chan(hare1, confirm=True)
+    ch.basic_publish("", "ha.shutdown", b"new", PERSISTENT)
+    c.close()
+    time.sleep(0.5)
+    assert hare1.stop() == 0
+    row = wait_until(lambda: (lambda r: r if r and r["master"] == "hare2" else None)(_row(hare2, "ha.shutdown")),
+                     timeout=15)
+    assert row["epoch"] == 2
+    assert [b for b, _r in _drain(hare2, "ha.shutdown")] == [b"new"]   # what the mirror had
