@@ -213,6 +213,7 @@ class MetadataMachine:
                 consumer.queue = queue
                 queue.add_consumer(consumer)
                 consumer.channel.session.wakeup()
+        old.replay_parked()
 
     def _become_remote(self, state, queue) -> None:
         """Deposed (MIR-5): this node's copy is dropped; it is a mirror, if anything, from now on."""

@@ -22,6 +22,7 @@ from .rpc import cluster_pb2 as pb
 
 ACK, REQUEUE, DISCARD = 0, 1, 2
 MOVED = 0       # QueueEvent.Error code: the queue's master is elsewhere now (a failover)
+PARK_TIMEOUT = 10.0   # how long a call on a mirrored queue waits for a new master
 
 
 class RemoteEntry(Entry):
@@ -48,7 +49,7 @@ class QueueLink:
         self.queue = queue
         self.channel = channel
         self.calls: asyncio.Queue = asyncio.Queue()
-        self.gets: deque = deque()          # callbacks waiting for a get answer, in order
+        self.gets: deque = deque()          # (no_ack, callback) waiting for a get answer, in order
         self.consumers: dict[str, object] = {}
         self.unconfirmed: set[int] = set()
         self.closed = False
@@ -96,10 +97,10 @@ class QueueLink:
                         else:   # cancelled meanwhile: give it back
                             self.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=[d.id], mode=REQUEUE)))
                     elif self.gets:
-                        self.gets.popleft()(entry, d.message_count)
+                        self.gets.popleft()[1](entry, d.message_count)
                 elif kind == "empty":
                     if self.gets:
-                        self.gets.popleft()(None, 0)
+                        self.gets.popleft()[1](None, 0)
                 elif kind == "cancelled":
                     consumer = self.consumers.pop(event.cancelled.tag, None)
                     if consumer is not None:
@@ -122,8 +123,7 @@ class QueueLink:
                 self._lost()
         finally:
             self.closed = True
-            while self.gets:
-                self.gets.popleft()(None, 0)
+            self._answer_gets()
 
     def _lost(self) -> None:
         """The home node went away: the channel stays open. Unconfirmed publishes are nacked
@@ -150,9 +150,20 @@ class QueueLink:
                 channel.confirms.settle(seq, False)
             channel.session.note_confirms(channel)
         self.unconfirmed.clear()
-        while self.gets:
-            self.gets.popleft()(None, 0)
+        self._answer_gets()
         channel.session.wakeup()
+
+    def _answer_gets(self) -> None:
+        """Gets the home never answered: a mirrored queue's wait for the new master, others
+        are answered with nothing (basic.get-empty)."""
+        queue = self.queue
+        while self.gets:
+            no_ack, answer = self.gets.popleft()
+            if queue.mirrored and not self.channel.closed:
+                down = AMQPError(ReplyCode.NOT_FOUND, f"home node of {queue.describe()} is down", 60, 70)
+                queue._park(self.channel, down, lambda n=no_ack: self.channel.get_again(queue.name, n))
+            else:
+                answer(None, 0)
 
     def close(self) -> None:
         if not self.closed:
@@ -227,6 +238,7 @@ class RemoteQueue:
         self.unacked = 0
         self.on_home_lost = None
         self._links: dict[object, QueueLink] = {}
+        self._parked: list = []       # calls waiting for a failover
 
     def __repr__(self) -> str:
         return f"<RemoteQueue {self.vhost}/{self.name}@{self.home}>"
@@ -273,13 +285,25 @@ class RemoteQueue:
         return SAFE
 
     def get_from(self, channel, no_ack: bool, answer) -> None:
-        link = self.link(channel)
-        link.gets.append(answer)
+        try:
+            link = self.link(channel)
+        except AMQPError as err:
+            if not self.mirrored:
+                raise
+            self._park(channel, err, lambda: channel.get_again(self.name, no_ack))
+            return
+        link.gets.append((no_ack, answer))
         link.send(pb.QueueCall(get=pb.QueueCall.Get(no_ack=no_ack)))
 
     def add_consumer(self, consumer) -> None:
         self.consumers.append(consumer)
-        self._attach(consumer)
+        try:
+            self._attach(consumer)
+        except AMQPError:
+            if not self.mirrored:
+                self.consumers_remove(consumer)
+                raise
+            # its master is down: the consumer is attached to the mirror that takes over
 
     def _attach(self, consumer) -> None:
         link = self.link(consumer.channel)
@@ -361,6 +385,20 @@ class RemoteQueue:
         if self.on_home_lost is not None:
             self.on_home_lost(self.home)
 
+    def _park(self, channel, err: AMQPError, retry) -> None:
+        """A mirrored queue's master is down: the call waits for the failover (as a RabbitMQ
+        mirrored queue's clients do), and fails with `err` if none comes in time."""
+        parked = (channel, retry)
+        self._parked.append(parked)
+
+        def give_up():
+            if parked in self._parked:
+                self._parked.remove(parked)
+                if not channel.closed:
+                    channel.session.fail_channel(channel.id, err)
+                    channel.session.wakeup()
+        asyncio.get_running_loop().call_later(PARK_TIMEOUT, give_up)
+
     def rehome(self, home: str, epoch: int) -> None:
         """A mirror on `home` is the master now: links to the old one end (their unconfirmed
         publishes nacked) and consumers re-attach to the new one, unless they asked for
@@ -378,6 +416,14 @@ class RemoteQueue:
                 self.consumers_remove(consumer)
                 consumer.channel.consumer_cancelled_by_broker(consumer)
             consumer.channel.session.wakeup()
+        self.replay_parked()
+
+    def replay_parked(self) -> None:
+        """The failover is done: calls that waited for it go to the new master."""
+        parked, self._parked = self._parked, []
+        for channel, retry in parked:
+            if not channel.closed:
+                retry()
 
     def abandon(self) -> list:
         """Drop every link (the master moved): returns the consumers, now attached to nothing."""

@@ -66,6 +66,16 @@ needs_process = pytest.mark.skipif(
 # --------------------------------------------------------------------------- utilities
 
 _PORTS = random.Random()
+_HANDED_OUT: set[int] = set()
+
+
+def _port_range() -> tuple[int, int]:
+    """20000-32000, split between xdist workers so that two never pick the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    size = 12000 // count
+    return 20000 + index * size, 20000 + (index + 1) * size
 
 
 def free_port() -> int:
@@ -73,15 +83,20 @@ def free_port() -> int:
 
     Chosen below the kernel's ephemeral range (32768+), so that the sockets
     clients, proxies and gRPC open meanwhile cannot take it before the node
-    binds it.
+    binds it; from this worker's own share, and never the same one twice in
+    a run, so that ports handed out but not yet bound do not collide.
     """
+    low, high = _port_range()
     for _ in range(200):
-        port = _PORTS.randrange(20000, 32000)
+        port = _PORTS.randrange(low, high)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind((HOST, port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     with socket.socket() as s:
         s.bind((HOST, 0))

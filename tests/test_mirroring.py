@@ -347,6 +347,7 @@ def test_deposed_master_rejoins_as_a_mirror_and_drops_its_copy(cluster):
     new = wait_until(lambda: (lambda r: r["master"] if r and r["master"] != "hare1" else None)(
         _row(hare2, "ha.fence")), timeout=10)
     master = hare2 if new == "hare2" else hare3
+    wait_until(lambda: (lambda r: r and r["master"] == new)(_row(master, "ha.fence")), timeout=10)
     got = _drain(master, "ha.fence", limit=60)  # consume 60 on the new master
     assert len(got) == 60
     hare1.start(timeout=60)                    # it had all 100 on disk; the new master has 40
@@ -519,3 +520,45 @@ def test_promote_on_shutdown_always_promotes_an_unsynchronised_mirror(cluster):
                      timeout=15)
     assert row["epoch"] == 2
     assert [b for b, _r in _drain(hare2, "ha.shutdown")] == [b"new"]   # what the mirror had
+
+
+def test_tx_commit_waits_for_the_mirrors(cluster):
+    # CONF-8 on a mirrored queue: commit-ok only once every in-sync mirror holds the messages
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _mirrored_on_all(hare1, "ha.tx")
+    c, ch = _chan(hare1)
+    ch.tx_select()
+    ch.basic_publish("", "ha.tx", b"in a transaction", PERSISTENT)
+    os.killpg(hare3.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        ch.tx_commit()
+        waited = time.monotonic() - started
+        assert waited >= 1.0, f"commit-ok after {waited:.2f} s: did not wait for the stopped mirror"
+    finally:
+        os.killpg(hare3.proc.pid, signal.SIGCONT)
+    c.close()
+    hare1.kill9()
+    wait_until(lambda: (lambda r: r and r["master"] == "hare2")(_row(hare2, "ha.tx")), timeout=10)
+    assert [b for b, _r in _drain(hare2, "ha.tx")] == [b"in a transaction"]
+
+
+def test_get_and_consume_during_a_failover_wait_for_the_new_master(cluster):
+    # MIR-7: a client arriving while the master is down and not yet replaced is not refused
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _mirrored_on_all(hare1, "ha.window")
+    c, ch = _chan(hare1, confirm=True)
+    for i in range(3):
+        ch.basic_publish("", "ha.window", str(i).encode(), PERSISTENT)
+    c.close()
+    hare1.kill9()
+    c, ch = _chan(hare3)                          # at once, before any promotion
+    method, _props, body = ch.basic_get("ha.window", auto_ack=True)
+    assert body == b"0"
+    got = []
+    ch.basic_consume("ha.window", lambda _c, _m, _p, b: got.append(b), auto_ack=True)
+    wait_until(lambda: c.process_data_events(0.05) or len(got) == 2, timeout=10)
+    assert got == [b"1", b"2"]
+    c.close()

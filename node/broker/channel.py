@@ -61,6 +61,7 @@ class Channel:
         self.confirms: ConfirmTracker | None = None
         self.tx_publishes: list[tuple] = []
         self.tx_acks: list[tuple[str, list[Unacked], bool]] = []
+        self.tx_replicas: dict | None = None     # during tx.commit: mirrored queues published to
         self.last_queue = ""
         self.reply_token: str | None = None
         self.reply_consumer_tag: str | None = None
@@ -154,14 +155,28 @@ class Channel:
         else:
             self._hold(method)
 
-    def _hold(self, reply) -> None:
-        """Send `reply` when everything written so far is durable; frames after it wait."""
+    def _hold(self, reply, replicated=()) -> None:
+        """Send `reply` when everything written so far is durable (and, for each (replica, seq)
+        in `replicated`, on every in-sync mirror of that queue); frames after it wait."""
         store = self.session.broker.store
-        if store is None:
+        if store is None and not replicated:
             self._reply(reply)
             return
         self.held = True
-        store.when_durable(self._release, reply)
+        if not replicated:
+            store.when_durable(self._release, reply)
+            return
+        waiting = [len(replicated)]
+
+        def mirrored(_ok) -> None:
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                if store is None:
+                    self._release(True, reply)
+                else:
+                    store.when_durable(self._release, reply)
+        for replica, seq in replicated:
+            replica.when_replicated(seq, True, mirrored, ())
 
     def _release(self, ok: bool, reply) -> None:
         if self.closed:
@@ -447,6 +462,22 @@ class Channel:
             if entry.msg_id and queue.store.is_written(entry.msg_id):
                 self.session.gate_on(queue.store)
 
+    def get_again(self, name: str, no_ack: bool) -> None:
+        """A basic.get that waited for a mirrored queue's failover, asked again of the new master."""
+        if self.closed:
+            return
+        queue = self.vhost.queues.get(name)
+        if queue is None:
+            self.session.fail_channel(self.id, AMQPError(ReplyCode.NOT_FOUND, f"no queue '{name}' in vhost "
+                                                         f"'{self.vhost.name}'", 60, 70))
+            self.session.wakeup()
+        elif queue.remote:
+            queue.get_from(self, no_ack, lambda entry, count: self._got(queue, no_ack, entry, count))
+        else:
+            entry = queue.take(no_ack)
+            self._got(queue, no_ack, entry, queue.message_count)
+            self.session.wakeup()
+
     def _got(self, queue, no_ack: bool, entry, message_count: int) -> None:
         if self.closed:
             if entry is not None and not no_ack:
@@ -596,6 +627,8 @@ class Channel:
                     self._remote(queue).publish_from(self, message, 0)
                 else:
                     queue.publish(message)
+                    if queue.replica is not None and self.tx_replicas is not None:
+                        self.tx_replicas[queue.replica] = queue.replica.seq
             return
         seq = confirms.publish(len(queues))
         for queue in queues:
@@ -646,11 +679,14 @@ class Channel:
             raise error(ReplyCode.PRECONDITION_FAILED, "channel is not transactional", m)
         publishes, self.tx_publishes = self.tx_publishes, []
         acks, self.tx_acks = self.tx_acks, []
+        self.tx_replicas = {}
         for exchange, message, props, mandatory in publishes:
             self._route_and_enqueue(exchange, message, props, mandatory)
+        replicas, self.tx_replicas = self.tx_replicas, None
         for kind, records, requeue in acks:
             self._settle(records, requeue=None if kind == "ack" else requeue)
-        self._hold(cmd.Tx.CommitOk())   # CONF-8: commit-ok only once its writes are durable
+        # CONF-8: commit-ok only once its writes are durable, and held by every in-sync mirror
+        self._hold(cmd.Tx.CommitOk(), tuple(replicas.items()))
 
     def _tx_rollback(self, m) -> None:
         if self.mode is not Mode.TX:
