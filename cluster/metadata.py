@@ -168,7 +168,7 @@ class MetadataMachine:
                         self.mirroring.deleted(vhost.name, queue.name)
                     vhost.remove_queue(queue)
                 elif queue.remote and c["node"] != self.node:
-                    for consumer in queue.abandon():
+                    for consumer in queue.drop_orphans():
                         consumer.channel.consumer_cancelled_by_broker(consumer)
         if self.mirroring is not None:
             self.mirroring.node_restarted(c["node"])

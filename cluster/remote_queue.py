@@ -425,6 +425,16 @@ class RemoteQueue:
             if not channel.closed:
                 retry()
 
+    def drop_orphans(self) -> list:
+        """Consumers a lost home left without a link (no failover came): they are let go."""
+        def linked(consumer) -> bool:
+            link = self._links.get(consumer.channel)
+            return link is not None and not link.closed and consumer.tag in link.consumers
+        orphans = [c for c in self.consumers if not linked(c)]
+        for consumer in orphans:
+            self.consumers_remove(consumer)
+        return orphans
+
     def abandon(self) -> list:
         """Drop every link (the master moved): returns the consumers, now attached to nothing."""
         links, self._links = self._links, {}
