@@ -52,6 +52,11 @@ class HAState:
     def sync_mode(self) -> str:
         return self.definition.get("ha-sync-mode", "manual")
 
+    @property
+    def min_in_sync(self) -> int:
+        """HareMQ's `ha-min-in-sync-mirrors`: below it, publishes are nacked, not confirmed."""
+        return int(self.definition.get("ha-min-in-sync-mirrors", 0))
+
     def promote_rule(self, shutdown: bool) -> str:
         key = "ha-promote-on-shutdown" if shutdown else "ha-promote-on-failure"
         return self.definition.get(key, "when-synced")

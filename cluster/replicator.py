@@ -164,8 +164,8 @@ class Replicator:
         return upto
 
     def when_replicated(self, seq: int, ok: bool, fn, args) -> None:
-        if not ok or self.closed:
-            fn(ok and not self.closed, *args)
+        if not ok or self.closed or len(self.state.synced) < self.state.min_in_sync:
+            fn(False, *args)      # too few copies for the policy: nacked rather than confirmed
         elif not self.waiting and self.safe_upto() >= seq:
             fn(True, *args)
         else:
@@ -178,6 +178,11 @@ class Replicator:
     def release(self) -> None:
         waiting = self.waiting
         if not waiting:
+            return
+        if len(self.state.synced) < self.state.min_in_sync:
+            self.waiting = deque()
+            for _seq, fn, args, _since in waiting:
+                fn(False, *args)
             return
         upto = self.safe_upto()
         while waiting and waiting[0][0] <= upto:

@@ -562,3 +562,29 @@ def test_get_and_consume_during_a_failover_wait_for_the_new_master(cluster):
     wait_until(lambda: c.process_data_events(0.05) or len(got) == 2, timeout=10)
     assert got == [b"1", b"2"]
     c.close()
+
+
+def test_too_few_synchronised_mirrors_for_the_policy_means_nacks(cluster):
+    # ha-min-in-sync-mirrors (HareMQ's): below it a publish is nacked, never confirmed unsafely
+    members, _ = cluster
+    hare1, hare2, _ = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic",
+                              "ha-min-in-sync-mirrors": 1})
+    c, ch = _chan(hare1)
+    ch.queue_declare("ha.min", durable=True)
+    c.close()
+    _synced(hare1, "ha.min", ["hare2"])
+    pc, pub = _chan(hare1, confirm=True)
+    pub.basic_publish("", "ha.min", b"safe", PERSISTENT)
+    os.killpg(hare2.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(pika.exceptions.NackError):
+            pub.basic_publish("", "ha.min", b"while alone", PERSISTENT)
+        assert _row(hare1, "ha.min")["synchronised_mirrors"] == []
+    finally:
+        os.killpg(hare2.proc.pid, signal.SIGCONT)
+    _synced(hare1, "ha.min", ["hare2"])
+    pub.basic_publish("", "ha.min", b"safe again", PERSISTENT)
+    pc.close()
+    bad = ctl(hare1, "set-policy", "bad", "^x", json.dumps({"ha-mode": "all", "ha-min-in-sync-mirrors": -1}))
+    assert bad.returncode == 1 and "ha-min-in-sync-mirrors" in bad.stderr

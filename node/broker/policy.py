@@ -35,6 +35,7 @@ QUEUE_KEYS = {
 EXCHANGE_KEYS = {"alternate-exchange"}
 # keys RabbitMQ accepts that belong to features HareMQ handles elsewhere (mirroring) or not at all
 OTHER_KEYS = {"ha-mode", "ha-params", "ha-sync-mode", "ha-promote-on-shutdown", "ha-promote-on-failure",
+              "ha-min-in-sync-mirrors",
               "ha-sync-batch-size", "queue-mode", "queue-master-locator", "federation-upstream",
               "federation-upstream-set", "max-age", "stream-max-segment-size-bytes", "queue-version",
               "max-in-memory-length", "max-in-memory-bytes", "consumer-timeout"}
@@ -118,6 +119,9 @@ def validate_ha(definition: dict) -> None:
     for key in ("ha-promote-on-failure", "ha-promote-on-shutdown"):
         if definition.get(key, "when-synced") not in HA_PROMOTE:
             raise ValueError(f"{key} {definition[key]!r} is not one of {', '.join(HA_PROMOTE)}")
+    minimum = definition.get("ha-min-in-sync-mirrors", 0)
+    if isinstance(minimum, bool) or not isinstance(minimum, int) or minimum < 0:
+        raise ValueError(f"ha-min-in-sync-mirrors must be a non-negative integer (got {minimum!r})")
 
 
 def winning(policies, kind: str, name: str) -> Policy | None:
