@@ -588,3 +588,34 @@ def test_too_few_synchronised_mirrors_for_the_policy_means_nacks(cluster):
     pc.close()
     bad = ctl(hare1, "set-policy", "bad", "^x", json.dumps({"ha-mode": "all", "ha-min-in-sync-mirrors": -1}))
     assert bad.returncode == 1 and "ha-min-in-sync-mirrors" in bad.stderr
+
+
+def test_single_active_consumer_holds_across_a_failover(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1)
+    ch.queue_declare("ha.sac", durable=True, arguments={"x-single-active-consumer": True})
+    c.close()
+    _synced(hare1, "ha.sac", ["hare2", "hare3"])
+    got = {"a": [], "b": []}
+    conns = []
+    for who, member in (("a", hare2), ("b", hare3)):
+        conn, chan = _chan(member)
+        chan.basic_consume("ha.sac", lambda ch_, m, _p, body, who=who: (got[who].append(body),
+                                                                        ch_.basic_ack(m.delivery_tag)))
+        conn.process_data_events(0.2)
+        conns.append(conn)
+    hare1.kill9()
+    wait_until(lambda: all((lambda r: r and r["master"] != "hare1")(_row(m, "ha.sac")) for m in (hare2, hare3)),
+               timeout=10)
+    pc, pub = _chan(hare2, confirm=True)
+    for i in range(20):
+        pub.basic_publish("", "ha.sac", str(i).encode(), PERSISTENT)
+    wait_until(lambda: [conn.process_data_events(0.05) for conn in conns] and
+               len(got["a"]) + len(got["b"]) == 20, timeout=10)
+    active = [who for who in got if got[who]]
+    assert len(active) == 1, {w: len(b) for w, b in got.items()}      # still one active consumer
+    assert got[active[0]] == [str(i).encode() for i in range(20)]
+    for conn in (pc, *conns):
+        conn.close()
