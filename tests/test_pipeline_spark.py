@@ -407,6 +407,21 @@ def test_sink_unroutable_message_fails_the_batch_and_nothing_is_acked(spark, nod
 
 # --------------------------------------------------------------------------- (d) node killed
 
+def _relay(spark, src_uri: str, src: str, dst_uri: str, dst: str, checkpoint):
+    """A query copying src to dst, batches of 1000, reconnecting for up to 60 s; a drain of dst
+    and a check that raises if the query failed."""
+    drain = Drain(dst_uri, dst)
+    df = (spark.readStream.format("haremq").option("uri", src_uri).option("queue", src)
+          .option("maxRowsPerBatch", "1000").option("reconnectTimeout", "60").load())
+    q = (df.select("body").writeStream.format("haremq").option("uri", dst_uri)
+         .option("routingKey", dst).option("checkpointLocation", str(checkpoint)).start())
+
+    def failed():
+        if q.exception() is not None:
+            raise AssertionError(f"query failed: {q.exception()}")
+    return drain, q, failed
+
+
 def test_source_node_sigkilled_mid_stream_loses_nothing(spark, node, tmp_path):
     """The source's node dies (SIGKILL) and comes back from its data dir: the consumer
     reconnects as a new session, the batch in flight is redelivered, nothing is lost."""
@@ -421,15 +436,7 @@ def test_source_node_sigkilled_mid_stream_loses_nothing(spark, node, tmp_path):
     _declare(node.url, dst)
     expected = {f"n-{i:06d}".encode() for i in range(n)}
     assert _fill(victim.url, src, sorted(expected)) == n
-    drain = Drain(node.url, dst)
-    df = (spark.readStream.format("haremq").option("uri", victim.url).option("queue", src)
-          .option("maxRowsPerBatch", "1000").option("reconnectTimeout", "60").load())
-    q = (df.select("body").writeStream.format("haremq").option("uri", node.url)
-         .option("routingKey", dst).option("checkpointLocation", str(tmp_path / "ck")).start())
-
-    def failed():
-        if q.exception() is not None:
-            raise AssertionError(f"query failed: {q.exception()}")
+    drain, q, failed = _relay(spark, victim.url, src, node.url, dst, tmp_path / "ck")
     try:
         assert drain.until(lambda: drain.total >= 5000, 120, on_idle=failed), "nothing flowed"
         os.killpg(victim.proc.pid, signal.SIGKILL)
@@ -477,15 +484,7 @@ def test_master_of_a_mirrored_source_queue_killed_mid_stream_loses_nothing(spark
                 != ["hare2", "hare3"]:
             assert time.monotonic() < deadline, "mirrors never synchronised"
             time.sleep(0.2)
-        drain = Drain(node.url, dst)
-        df = (spark.readStream.format("haremq").option("uri", f"{hare2.url},{hare3.url}").option("queue", src)
-              .option("maxRowsPerBatch", "1000").option("reconnectTimeout", "60").load())
-        q = (df.select("body").writeStream.format("haremq").option("uri", node.url)
-             .option("routingKey", dst).option("checkpointLocation", str(tmp_path / "ck")).start())
-
-        def failed():
-            if q.exception() is not None:
-                raise AssertionError(f"query failed: {q.exception()}")
+        drain, q, failed = _relay(spark, f"{hare2.url},{hare3.url}", src, node.url, dst, tmp_path / "ck")
         try:
             assert drain.until(lambda: drain.total >= 5000, 120, on_idle=failed), "nothing flowed"
             hare1.kill9()
