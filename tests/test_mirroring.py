@@ -619,3 +619,37 @@ def test_single_active_consumer_holds_across_a_failover(cluster):
     assert got[active[0]] == [str(i).encode() for i in range(20)]
     for conn in (pc, *conns):
         conn.close()
+
+
+def test_expiry_with_a_consumer_and_dead_letter_cycles_after_a_failover(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1)
+    # a queue whose expired messages dead-letter back into itself: RabbitMQ drops them (a cycle)
+    ch.queue_declare("ha.cycle", durable=True, arguments={"x-message-ttl": 300, "x-dead-letter-exchange": "",
+                                                         "x-dead-letter-routing-key": "ha.cycle"})
+    # a queue with a TTL and a consumer that takes nothing (prefetch full): messages expire under it
+    ch.queue_declare("ha.ttl.busy", durable=True, arguments={"x-message-ttl": 300})
+    c.close()
+    for q in ("ha.cycle", "ha.ttl.busy"):
+        _synced(hare1, q, ["hare2", "hare3"])
+    hare1.kill9()
+    wait_until(lambda: all((lambda r: r and r["master"] != "hare1")(_row(m, q))
+                           for m in (hare2, hare3) for q in ("ha.cycle", "ha.ttl.busy")), timeout=10)
+    cc, cons = _chan(hare3)
+    cons.basic_qos(prefetch_count=1)
+    held = []
+    cons.basic_consume("ha.ttl.busy", lambda _c, m, _p, body: held.append(body))   # never acks
+    pc, pub = _chan(hare2, confirm=True)
+    for body in (b"taken", b"expires while the consumer is busy"):
+        pub.basic_publish("", "ha.ttl.busy", body, PERSISTENT)
+    pub.basic_publish("", "ha.cycle", b"round and round", PERSISTENT)
+    wait_until(lambda: cc.process_data_events(0.05) or held == [b"taken"], timeout=10)
+    time.sleep(1.0)
+    cc.process_data_events(0.1)
+    assert held == [b"taken"]
+    assert _row(hare2, "ha.ttl.busy")["messages"] == 0       # the second expired under the consumer
+    assert _row(hare2, "ha.cycle")["messages"] == 0          # and the cycle was dropped, not looped
+    for conn in (pc, cc):
+        conn.close()
