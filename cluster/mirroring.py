@@ -63,9 +63,9 @@ class Mirroring:
     def probe(self, name: str) -> None:
         self.cluster.membership.probe(name)
 
-    def submit(self, command: dict, done, as_leader: bool = False) -> None:
+    def submit(self, command: dict, done) -> None:
         """Propose a metadata entry; done(ok) when it is applied here or has failed."""
-        self.cluster.submit(command, lambda _result, err: done(err is None), forward_if_deposed=not as_leader)
+        self.cluster.submit(command, lambda _result, err: done(err is None))
 
     async def start(self) -> None:
         self._task = asyncio.ensure_future(self._ticker())
@@ -181,7 +181,14 @@ class Mirroring:
     def promoted(self, c: dict, become_master, become_remote) -> bool:
         """queue.promote: the master moves to c["home"] with epoch c["epoch"]. False if stale."""
         state = self.states.get((c["vhost"], c["name"]))
-        if state is None or state.epoch != c["from_epoch"]:
+        if state is None or state.epoch != c["from_epoch"] or c["home"] == state.home:
+            return False
+        # checked again in log order: the leader chose from its view, and an entry committed
+        # since (a mirror dropped from the in-sync set) may have made its choice unsafe
+        forced = state.promote_rule(c.get("shutdown", False)) == "always" and c["home"] in state.mirrors
+        if c["home"] not in state.synced and not forced:
+            self.log.warning("promotion refused: that mirror is not synchronised", vhost=state.vhost,
+                             queue=state.name, mirror=c["home"], epoch=state.epoch)
             return False
         old_home = state.home
         state.epoch = c["epoch"]
@@ -274,9 +281,13 @@ class Mirroring:
             self._promoting[state.key] = state.epoch
             self.log.warning("master down: promoting a mirror", vhost=state.vhost, queue=state.name,
                              old=state.home, new=successor, epoch=state.epoch + 1)
-            self.submit({"op": "queue.promote", "vhost": state.vhost, "name": state.name, "home": successor,
-                         "epoch": state.epoch + 1, "from_epoch": state.epoch},
-                        lambda ok, key=state.key: None if ok else self._promoting.pop(key, None), as_leader=True)
+
+            def done(result, err, key=state.key):
+                if err is not None or not (result or {}).get("promoted"):
+                    self._promoting.pop(key, None)     # tried again on a later tick
+            self.cluster.submit({"op": "queue.promote", "vhost": state.vhost, "name": state.name,
+                                 "home": successor, "epoch": state.epoch + 1, "from_epoch": state.epoch,
+                                 "shutdown": state.home in self.stopping}, done, forward_if_deposed=False)
 
     # ---- ctl ---------------------------------------------------------------------------------
     def status(self, vhost: str, name: str) -> dict:

@@ -539,9 +539,12 @@ def test_tx_commit_waits_for_the_mirrors(cluster):
     finally:
         os.killpg(hare3.proc.pid, signal.SIGCONT)
     c.close()
-    hare1.kill9()
-    wait_until(lambda: (lambda r: r and r["master"] == "hare2")(_row(hare2, "ha.tx")), timeout=10)
-    assert [b for b, _r in _drain(hare2, "ha.tx")] == [b"in a transaction"]
+    hare1.kill9()       # hare3 may still be resyncing: it must not be promoted unless in sync
+    new = wait_until(lambda: (lambda r: r["master"] if r and r["master"] != "hare1" else None)(
+        _row(hare2, "ha.tx")), timeout=10)
+    master = hare2 if new == "hare2" else hare3
+    wait_until(lambda: (lambda r: r and r["master"] == new)(_row(master, "ha.tx")), timeout=10)
+    assert [b for b, _r in _drain(master, "ha.tx")] == [b"in a transaction"]
 
 
 def test_get_and_consume_during_a_failover_wait_for_the_new_master(cluster):
