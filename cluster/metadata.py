@@ -16,7 +16,7 @@ from node.broker.exchange import Exchange
 from node.protocol.replies import AMQPError, ReplyCode
 from node.store import meta
 
-from .remote_queue import RemoteQueue, cancel_on_failover
+from .remote_queue import RemoteQueue, hand_over
 
 
 def error_result(err: AMQPError) -> dict:
@@ -206,13 +206,10 @@ class MetadataMachine:
         elif state.store_id in self.recovered:
             queue.restore(self.recovered.pop(state.store_id))
         vhost.rebind(old, queue)
-        for consumer in old.abandon():
-            if cancel_on_failover(consumer) or consumer.channel.closed:
-                consumer.channel.consumer_cancelled_by_broker(consumer)
-            else:
-                consumer.queue = queue
-                queue.add_consumer(consumer)
-                consumer.channel.session.wakeup()
+        def attach(consumer) -> None:
+            consumer.queue = queue
+            queue.add_consumer(consumer)
+        hand_over(old.abandon(), attach)
         old.replay_parked()
 
     def _become_remote(self, state, queue) -> None:

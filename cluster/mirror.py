@@ -31,12 +31,7 @@ class MirrorQueue:
         self.store = store if store_id else None
         self.store_id = store_id
         self.entries: dict[int, list] = {}   # key -> [Message, delivered, msg_id], in key order
-        self.applied = 0
         self.stream = None                    # the stream now feeding it; an older one stops
-
-    def reset(self) -> None:
-        self.discard()
-        self.applied = 0
 
     def discard(self) -> None:
         """Forget every message (a reset, the queue deleted, or this node no longer a mirror)."""
@@ -109,7 +104,6 @@ async def serve_mirror(mirroring, request_iterator, context):
 
     def ack(ok: bool, seq: int) -> None:
         if ok and not fenced():
-            mirror.applied = max(mirror.applied, seq)
             acks.put_nowait(seq)
 
     async def apply_batches():
@@ -121,7 +115,7 @@ async def serve_mirror(mirroring, request_iterator, context):
                     acks.put_nowait("fenced: the metadata log has moved on")
                     return
                 if batch.reset:
-                    mirror.reset()
+                    mirror.discard()
                     in_snapshot, next_seq = True, batch.base_seq + 1
                 elif not in_snapshot and batch.first_seq != next_seq:
                     acks.put_nowait(f"out of order: expected {next_seq}, got {batch.first_seq}")

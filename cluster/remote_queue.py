@@ -175,6 +175,21 @@ def cancel_on_failover(consumer) -> bool:
     return bool((consumer.arguments or {}).get("x-cancel-on-ha-failover"))
 
 
+def hand_over(consumers, attach) -> None:
+    """Consumers of a queue whose master moved (MIR-8): attach(consumer) to the new one, or
+    basic.cancel for those that asked for x-cancel-on-ha-failover (or cannot be attached)."""
+    for consumer in consumers:
+        channel = consumer.channel
+        if cancel_on_failover(consumer) or channel.closed:
+            channel.consumer_cancelled_by_broker(consumer)
+            continue
+        try:
+            attach(consumer)
+        except AMQPError:
+            channel.consumer_cancelled_by_broker(consumer)
+        channel.session.wakeup()
+
+
 def peer_metadata(queue: "RemoteQueue"):
     return queue.metadata()
 
@@ -405,17 +420,7 @@ class RemoteQueue:
         x-cancel-on-ha-failover."""
         self.home = home
         self.epoch = epoch
-        for consumer in self.abandon():
-            if cancel_on_failover(consumer) or consumer.channel.closed:
-                consumer.channel.consumer_cancelled_by_broker(consumer)
-                continue
-            self.consumers.append(consumer)
-            try:
-                self._attach(consumer)
-            except AMQPError:
-                self.consumers_remove(consumer)
-                consumer.channel.consumer_cancelled_by_broker(consumer)
-            consumer.channel.session.wakeup()
+        hand_over(self.abandon(), self.add_consumer)
         self.replay_parked()
 
     def replay_parked(self) -> None:

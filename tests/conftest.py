@@ -324,6 +324,19 @@ def pika_conn(node: Node, heartbeat: int = 30, **params) -> pika.BlockingConnect
     return c
 
 
+@pytest.fixture
+def conn(node):
+    return pika_conn(node)
+
+
+@pytest.fixture
+def ch(conn):
+    """A channel in confirm mode on the module's node."""
+    c = conn.channel()
+    c.confirm_delivery()
+    return c
+
+
 def message_count(ch, queue: str) -> int:
     return ch.queue_declare(queue, passive=True).method.message_count
 

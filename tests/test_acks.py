@@ -7,13 +7,8 @@ from tests.conftest import message_count, pika_conn, raw_socket, unique_name, wa
 
 
 @pytest.fixture
-def conn(node):
-    return pika_conn(node)
-
-
-@pytest.fixture
 def ch(conn):
-    return conn.channel()
+    return conn.channel()     # no confirm mode here, unlike conftest's
 
 
 def fill(node, n, prefix="m", **declare):

@@ -17,18 +17,6 @@ from tests.conftest import (IS_REF, message_count, needs_process, pika_conn, raw
                             wait_until)
 
 
-@pytest.fixture
-def conn(node):
-    return pika_conn(node)
-
-
-@pytest.fixture
-def ch(conn):
-    c = conn.channel()
-    c.confirm_delivery()
-    return c
-
-
 def props(**kw):
     return pika.BasicProperties(**kw)
 

@@ -23,18 +23,6 @@ def publish_n(ch, q, n, prefix="m"):
         ch.basic_publish("", q, f"{prefix}{i}".encode())
 
 
-@pytest.fixture
-def conn(node):
-    return pika_conn(node)
-
-
-@pytest.fixture
-def ch(conn):
-    c = conn.channel()
-    c.confirm_delivery()
-    return c
-
-
 # ------------------------------------------------------------------ declare
 
 def test_server_named_queue_is_amq_gen(ch):

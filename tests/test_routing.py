@@ -3,15 +3,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
-from tests.conftest import message_count, pika_conn, unique_name, wait_until
-
-
-@pytest.fixture
-def ch(node):
-    c = pika_conn(node)
-    channel = c.channel()
-    channel.confirm_delivery()
-    return channel
+from tests.conftest import message_count, unique_name, wait_until
 
 
 def declare_queue(ch, prefix="rq"):

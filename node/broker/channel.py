@@ -443,24 +443,7 @@ class Channel:
     def _basic_get(self, m) -> None:
         self.session.access.check(READ, "queue", self._queue_name(m.queue, m), m)
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
-        if queue.remote:     # homed on another node: answer when it does
-            self.held = True
-            self._remote(queue).get_from(self, m.no_ack, lambda entry, count: self._got(queue, m.no_ack, entry, count))
-            return
-        entry = queue.take(m.no_ack)
-        if entry is None:
-            self.session.send_method(self.id, cmd.Basic.GetEmpty())
-            return
-        tag = self.next_tag
-        self.next_tag = tag + 1
-        message = entry.message
-        self.session.send_method(self.id, cmd.Basic.GetOk(tag, entry.redelivered, message.exchange,
-                                                          message.routing_key, queue.message_count))
-        self.session.write(encode_content(self.id, message.props_raw, message.body, self.session.frame_max))
-        if not m.no_ack:
-            self.unacked[tag] = Unacked(tag, entry, queue, None)
-            if entry.msg_id and queue.store.is_written(entry.msg_id):
-                self.session.gate_on(queue.store)
+        self._get_from(queue, m.no_ack)
 
     def get_again(self, name: str, no_ack: bool) -> None:
         """A basic.get that waited for a mirrored queue's failover, asked again of the new master."""
@@ -470,32 +453,45 @@ class Channel:
         if queue is None:
             self.session.fail_channel(self.id, AMQPError(ReplyCode.NOT_FOUND, f"no queue '{name}' in vhost "
                                                          f"'{self.vhost.name}'", 60, 70))
-            self.session.wakeup()
-        elif queue.remote:
-            queue.get_from(self, no_ack, lambda entry, count: self._got(queue, no_ack, entry, count))
         else:
-            entry = queue.take(no_ack)
-            self._got(queue, no_ack, entry, queue.message_count)
-            self.session.wakeup()
+            self.held = False            # the get is asked again: it holds the channel anew if need be
+            self._get_from(queue, no_ack)
+            if not self.held:
+                self.session.resume(self)
+        self.session.wakeup()
+
+    def _get_from(self, queue, no_ack: bool) -> None:
+        if queue.remote:     # homed on another node: answer when it does; later frames wait
+            self.held = True
+            self._remote(queue).get_from(self, no_ack, lambda entry, count: self._got(queue, no_ack, entry, count))
+            return
+        entry = queue.take(no_ack)
+        self._answer_get(queue, no_ack, entry, queue.message_count)
 
     def _got(self, queue, no_ack: bool, entry, message_count: int) -> None:
+        """A queue's home node answered a basic.get."""
         if self.closed:
             if entry is not None and not no_ack:
                 queue.requeue([entry])
             return
-        if entry is None:
-            self.session.send_method(self.id, cmd.Basic.GetEmpty())
-        else:
-            tag = self.next_tag
-            self.next_tag = tag + 1
-            message = entry.message
-            self.session.send_method(self.id, cmd.Basic.GetOk(tag, entry.redelivered, message.exchange,
-                                                              message.routing_key, message_count))
-            self.session.write(encode_content(self.id, message.props_raw, message.body, self.session.frame_max))
-            if not no_ack:
-                self.unacked[tag] = Unacked(tag, entry, queue, None)
+        self._answer_get(queue, no_ack, entry, message_count)
         self.held = False
         self.session.resume(self)
+
+    def _answer_get(self, queue, no_ack: bool, entry, message_count: int) -> None:
+        if entry is None:
+            self.session.send_method(self.id, cmd.Basic.GetEmpty())
+            return
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        message = entry.message
+        self.session.send_method(self.id, cmd.Basic.GetOk(tag, entry.redelivered, message.exchange,
+                                                          message.routing_key, message_count))
+        self.session.write(encode_content(self.id, message.props_raw, message.body, self.session.frame_max))
+        if not no_ack:
+            self.unacked[tag] = Unacked(tag, entry, queue, None)
+            if entry.msg_id and queue.store.is_written(entry.msg_id):
+                self.session.gate_on(queue.store)
 
     # ---- basic class: acknowledgements ---------------------------------------------------
     def _take_unacked(self, tag: int, multiple: bool, method) -> list[Unacked]:

@@ -239,12 +239,7 @@ class Queue:
             self.store.when_durable(lambda _ok: self.attach_replica(replica, promoted) if not self.deleted else None)
             return
         self._head_limit = sys.maxsize
-        while self.tail:
-            msg_id = self.tail.popleft()
-            entry = self._load(msg_id)
-            self.tail_bytes -= len(entry.message.body)
-            self.ready.append(entry)
-            self.ready_bytes += len(entry.message.body)
+        self._page_in()              # all of it: every id in the tail is durable by now
         self.replica = replica
         replica.start(self, promoted)
 
@@ -257,15 +252,11 @@ class Queue:
     def adopt(self, contents) -> None:
         """A promoted mirror's messages (MIR-4), oldest first: (key, message, delivered, msg_id).
         Those delivered on the old master come back redelivered; TTLs count from now."""
-        now = monotonic()
         last = 0
         for key, message, delivered, msg_id in contents:
             expires = 0.0
             if self.ttl is not None or message.expiration is not None:
-                ttl = self.ttl
-                if message.expiration is not None and (ttl is None or message.expiration < ttl):
-                    ttl = message.expiration
-                expires = now + ttl / 1000.0
+                expires = self._deadline(message)
                 self.expiring = True
             self.ready.append(Entry(message, key, delivered, msg_id, expires))
             self.ready_bytes += len(message.body)
@@ -408,7 +399,7 @@ class Queue:
         store = self.store
         tail = self.tail
         moved = 0
-        room = HEAD_LIMIT - len(self.ready)
+        room = self._head_limit - len(self.ready)
         while tail and moved < room:
             msg_id = tail[0]
             if not store.is_durable(msg_id):

@@ -22,6 +22,16 @@ import uuid
 import pika
 
 
+def _run_until(q, rows: int) -> float:
+    """Wait until the query has taken `rows` rows (or failed); the seconds it took."""
+    t = time.monotonic()
+    while sum(p["numInputRows"] for p in q.recentProgress) < rows:
+        if q.exception():
+            raise SystemExit(str(q.exception()))
+        time.sleep(0.05)
+    return time.monotonic() - t
+
+
 def _progress_rate(query) -> float:
     batches = [p for p in query.recentProgress if p["numInputRows"]][1:]
     rows = sum(p["numInputRows"] for p in batches)
@@ -64,12 +74,7 @@ def main(argv=None) -> int:
     q = (spark.readStream.format("haremq").option("uri", a.uri).option("queue", src)
          .option("maxRowsPerBatch", str(a.batch)).load()
          .writeStream.format("noop").option("checkpointLocation", tempfile.mkdtemp()).start())
-    t = time.monotonic()
-    while sum(p["numInputRows"] for p in q.recentProgress) < a.rows:
-        if q.exception():
-            raise SystemExit(str(q.exception()))
-        time.sleep(0.05)
-    wall = time.monotonic() - t
+    wall = _run_until(q, a.rows)
     print(f"source alone: {_progress_rate(q):,.0f} rows/s steady, {a.rows / wall:,.0f} rows/s wall "
           f"({a.rows} rows in {wall:.1f}s incl. query start)")
     q.stop()
@@ -82,12 +87,7 @@ def main(argv=None) -> int:
             .select(F.lpad(F.col("value").cast("string"), a.size, "x").alias("body")))
     q = (rows.writeStream.format("haremq").option("uri", a.uri).option("routingKey", dst)
          .option("checkpointLocation", tempfile.mkdtemp()).start())
-    t = time.monotonic()
-    while sum(p["numInputRows"] for p in q.recentProgress) < a.rows:
-        if q.exception():
-            raise SystemExit(str(q.exception()))
-        time.sleep(0.05)
-    wall = time.monotonic() - t
+    wall = _run_until(q, a.rows)
     done = sum(p["numInputRows"] for p in q.recentProgress)
     rate = _progress_rate(q)
     q.stop()
@@ -103,12 +103,7 @@ def main(argv=None) -> int:
          .option("maxRowsPerBatch", str(a.batch)).load().select("body")
          .writeStream.format("haremq").option("uri", a.uri).option("routingKey", dst)
          .option("checkpointLocation", tempfile.mkdtemp()).start())
-    t = time.monotonic()
-    while sum(p["numInputRows"] for p in q.recentProgress) < a.rows:
-        if q.exception():
-            raise SystemExit(str(q.exception()))
-        time.sleep(0.05)
-    wall = time.monotonic() - t
+    wall = _run_until(q, a.rows)
     print(f"queue -> Spark -> queue: {_progress_rate(q):,.0f} rows/s steady, {a.rows / wall:,.0f} rows/s wall "
           f"({a.rows} rows in {wall:.1f}s incl. query start)")
     q.stop()
