@@ -80,10 +80,7 @@ class QueueLink:
                 kind = event.WhichOneof("event")
                 if kind == "confirm":
                     self.unconfirmed.difference_update(event.confirm.seqs)
-                    if channel.confirms is not None and not channel.closed:
-                        for seq in event.confirm.seqs:
-                            channel.confirms.settle(seq, event.confirm.ok)
-                        channel.session.note_confirms(channel)
+                    channel.remote_settled(event.confirm.seqs, event.confirm.ok)
                 elif kind == "delivery":
                     d = event.delivery
                     entry = RemoteEntry(message_from_pb(d.message), d.id, d.redelivered)
@@ -145,10 +142,8 @@ class QueueLink:
         answer pending gets with nothing."""
         channel = self.channel
         self.close()
-        if self.unconfirmed and channel.confirms is not None and not channel.closed:
-            for seq in sorted(self.unconfirmed):
-                channel.confirms.settle(seq, False)
-            channel.session.note_confirms(channel)
+        if self.unconfirmed:
+            channel.remote_settled(sorted(self.unconfirmed), False)
         self.unconfirmed.clear()
         self._answer_gets()
         channel.session.wakeup()
@@ -208,6 +203,9 @@ class _NodeItself:
         return self
 
     def note_confirms(self, _channel) -> None:
+        return None
+
+    def remote_settled(self, _seqs, _ok) -> None:
         return None
 
     def fail_channel(self, _channel_id, _err) -> None:
@@ -286,8 +284,8 @@ class RemoteQueue:
         try:
             link = self.link(channel)
         except AMQPError:
-            if seq and channel.confirms is not None:
-                channel.confirms.settle(seq, False)
+            if seq:
+                channel.remote_settled((seq,), False)
             return
         if seq:
             link.unconfirmed.add(seq)

@@ -362,6 +362,40 @@ def test_publisher_gets_nacks_not_a_closed_channel_when_a_home_dies(cluster):
     assert ch2.queue_declare("home.stays", passive=True).method.message_count == 1
 
 
+def test_tx_commit_through_another_node_survives_a_kill_of_each_home(cluster):
+    # CONF-8: commit-ok means durable on every home node, so a kill -9 right after loses nothing
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    for member in members:
+        _, ch = _chan(member)
+        ch.queue_declare(f"tx.on.{member.name}", durable=True)
+    c, ch = _chan(hare2)
+    ch.exchange_declare("tx.fan", "fanout", durable=True)
+    for member in members:
+        ch.queue_bind(f"tx.on.{member.name}", "tx.fan")
+    ch.tx_select()
+    for i in range(50):
+        ch.basic_publish("tx.fan", "", str(i).encode(), properties=pika.BasicProperties(delivery_mode=2))
+    ch.tx_commit()
+    c.close()
+    hare1.kill9()
+    hare3.kill9()             # hare2 alone pauses (pause-minority) until they are back
+    hare1.start()
+    hare3.start()
+    for member in (hare1, hare3):
+        wait_until(lambda m=member: next(x for x in ctl_json(hare2, "cluster-status")["members"]
+                                         if x["name"] == m.name)["up"], timeout=15)
+    for member in members:
+        _, ch = _chan(member)
+        got = []
+        while True:
+            m, _, b = ch.basic_get(f"tx.on.{member.name}", auto_ack=True)
+            if m is None:
+                break
+            got.append(int(b))
+        assert got == list(range(50)), member.name
+
+
 def test_purge_from_another_node(cluster):
     members, _ = cluster
     hare1, hare2, _ = members

@@ -547,6 +547,32 @@ def test_tx_commit_waits_for_the_mirrors(cluster):
     assert [b for b, _r in _drain(master, "ha.tx")] == [b"in a transaction"]
 
 
+def test_tx_commit_on_another_node_waits_for_the_home_and_its_mirrors(cluster):
+    # CONF-8 through a node that is not the queue's home: commit-ok only once the home has the
+    # messages durable and every in-sync mirror holds them
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _mirrored_on_all(hare1, "ha.txr")
+    c, ch = _chan(hare2)
+    ch.tx_select()
+    ch.basic_publish("", "ha.txr", b"first", PERSISTENT)
+    ch.tx_commit()                                  # all up: no wait to speak of
+    ch.basic_publish("", "ha.txr", b"second", PERSISTENT)
+    ch.basic_publish("", "ha.txr", b"third", PERSISTENT)
+    os.killpg(hare3.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        ch.tx_commit()
+        waited = time.monotonic() - started
+        assert waited >= 1.0, f"commit-ok after {waited:.2f} s: did not wait for the stopped mirror"
+    finally:
+        os.killpg(hare3.proc.pid, signal.SIGCONT)
+    ch.basic_publish("", "ha.txr", b"rolled back", PERSISTENT)
+    ch.tx_rollback()
+    c.close()
+    assert [b for b, _r in _drain(hare1, "ha.txr")] == [b"first", b"second", b"third"]
+
+
 def test_get_and_consume_during_a_failover_wait_for_the_new_master(cluster):
     # MIR-7: a client arriving while the master is down and not yet replaced is not refused
     members, _ = cluster

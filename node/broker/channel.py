@@ -9,6 +9,7 @@ mode is normal, confirm or tx; switching between confirm and tx is refused
 from __future__ import annotations
 
 import enum
+from typing import Callable
 from collections import defaultdict, deque
 
 from pamqp import commands as cmd
@@ -62,6 +63,8 @@ class Channel:
         self.tx_publishes: list[tuple] = []
         self.tx_acks: list[tuple[str, list[Unacked], bool]] = []
         self.tx_replicas: dict | None = None     # during tx.commit: mirrored queues published to
+        self.tx_remote: RemoteWait | None = None  # during tx.commit: publishes to queues homed elsewhere
+        self.tx_remote_seq = 0
         self.last_queue = ""
         self.reply_token: str | None = None
         self.reply_consumer_tag: str | None = None
@@ -155,34 +158,41 @@ class Channel:
         else:
             self._hold(method)
 
-    def _hold(self, reply, replicated=()) -> None:
+    def _hold(self, reply, replicated=(), remote: "RemoteWait | None" = None) -> None:
         """Send `reply` when everything written so far is durable (and, for each (replica, seq)
-        in `replicated`, on every in-sync mirror of that queue); frames after it wait."""
+        in `replicated`, on every in-sync mirror of that queue; and every publish in `remote`
+        safe on its queue's home node); frames after it wait."""
         store = self.session.broker.store
-        if store is None and not replicated:
+        waits = [lambda done, r=replica, s=seq: r.when_replicated(s, True, done, ())
+                 for replica, seq in replicated]
+        if remote is not None and remote.seqs:
+            waits.append(remote.when_settled)
+        if store is None and not waits:
             self._reply(reply)
             return
         self.held = True
-        if not replicated:
+        if not waits:
             store.when_durable(self._release, reply)
             return
-        waiting = [len(replicated)]
+        waiting = [len(waits), True]
 
-        def mirrored(_ok) -> None:
+        def arrived(ok: bool) -> None:
             waiting[0] -= 1
+            waiting[1] = waiting[1] and ok
             if waiting[0] == 0:
                 if store is None:
-                    self._release(True, reply)
+                    self._release(waiting[1], reply)
                 else:
-                    store.when_durable(self._release, reply)
-        for replica, seq in replicated:
-            replica.when_replicated(seq, True, mirrored, ())
+                    store.when_durable(lambda durable: self._release(durable and waiting[1], reply))
+        for wait in waits:
+            wait(arrived)
 
     def _release(self, ok: bool, reply) -> None:
         if self.closed:
             return
         if not ok:
-            self.session.log.error("store write failed before reply", channel=self.id, reply=reply.name)
+            self.session.log.error("a write was not made durable before this reply", channel=self.id,
+                                   reply=reply.name)
         self.session.send_method(self.id, reply)
         self.held = False
         self.session.resume(self)
@@ -620,7 +630,12 @@ class Channel:
         if confirms is None:
             for queue in queues:
                 if queue.remote:
-                    self._remote(queue).publish_from(self, message, 0)
+                    seq = 0
+                    if self.tx_replicas is not None:   # committing: the commit-ok waits for the home
+                        self.tx_remote_seq += 1
+                        seq = self.tx_remote_seq
+                        self.tx_remote.seqs.add(seq)
+                    self._remote(queue).publish_from(self, message, seq)
                 else:
                     queue.publish(message)
                     if queue.replica is not None and self.tx_replicas is not None:
@@ -636,6 +651,18 @@ class Channel:
                 queue.when_safe(self._on_durable, seq)
             else:
                 confirms.settle(seq, outcome == SAFE)
+
+    def remote_settled(self, seqs, ok: bool) -> None:
+        """A queue's home node reports forwarded publishes safe (or refused them, or went away):
+        they are confirmed or nacked, or a tx.commit waiting for them goes on."""
+        if self.closed:
+            return
+        if self.confirms is not None:
+            for seq in seqs:
+                self.confirms.settle(seq, ok)
+            self.session.note_confirms(self)
+        elif self.tx_remote is not None:
+            self.tx_remote.settled(seqs, ok)
 
     def _on_durable(self, ok: bool, seq: int) -> None:
         if self.closed:
@@ -676,13 +703,15 @@ class Channel:
         publishes, self.tx_publishes = self.tx_publishes, []
         acks, self.tx_acks = self.tx_acks, []
         self.tx_replicas = {}
+        self.tx_remote = remote = RemoteWait()
         for exchange, message, props, mandatory in publishes:
             self._route_and_enqueue(exchange, message, props, mandatory)
         replicas, self.tx_replicas = self.tx_replicas, None
         for kind, records, requeue in acks:
             self._settle(records, requeue=None if kind == "ack" else requeue)
-        # CONF-8: commit-ok only once its writes are durable, and held by every in-sync mirror
-        self._hold(cmd.Tx.CommitOk(), tuple(replicas.items()))
+        # CONF-8: commit-ok only once its writes are durable here, held by every in-sync mirror,
+        # and safe on the home node of every queue homed elsewhere
+        self._hold(cmd.Tx.CommitOk(), tuple(replicas.items()), remote)
 
     def _tx_rollback(self, m) -> None:
         if self.mode is not Mode.TX:
@@ -732,6 +761,33 @@ class Channel:
         for queue in self.remote_queues:
             queue.unlink(self)      # the home node requeues whatever is still out
         self.remote_queues.clear()
+
+
+class RemoteWait:
+    """One tx.commit's publishes to queues homed on other nodes, until each home reports them."""
+
+    __slots__ = ("seqs", "ok", "_done")
+
+    def __init__(self):
+        self.seqs: set[int] = set()
+        self.ok = True
+        self._done: Callable[[bool], None] | None = None
+
+    def settled(self, seqs, ok: bool) -> None:
+        self.seqs.difference_update(seqs)
+        self.ok = self.ok and ok
+        if not self.seqs:
+            self._finish()
+
+    def when_settled(self, done: Callable[[bool], None]) -> None:
+        self._done = done
+        if not self.seqs:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._done is not None:
+            done, self._done = self._done, None
+            done(self.ok)
 
 
 def _text(value):
