@@ -66,8 +66,9 @@ class Replicator:
         stream whatever the sync mode: like RabbitMQ's, they are created in sync. Mirrors added
         to a queue that already holds messages follow ha-sync-mode."""
         self.queue = queue
-        for entry in sorted(queue.ready, key=lambda e: e.seq):
+        for entry in sorted((*queue.ready, *queue.outstanding.values()), key=lambda e: e.seq):
             self.live[entry.seq] = entry
+        self.delivered.update(queue.outstanding)    # a promoted mirror redelivers these
         self.set_mirrors(self.state.mirrors, initial=promoted or not self.live)
 
     def set_mirrors(self, nodes: list[str], initial: bool = False) -> None:

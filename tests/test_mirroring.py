@@ -186,6 +186,27 @@ def test_failover_keeps_every_confirmed_message_and_redelivers_unacked(cluster):
     pc.close()
 
 
+def test_messages_unacked_when_mirroring_starts_survive_a_failover(cluster):
+    # a policy makes a queue mirrored while a consumer holds deliveries: the mirrors get those
+    # too, so a failover after the consumer's node dies loses none of them
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    c, ch = _chan(hare1, confirm=True)
+    ch.queue_declare("ha.late", durable=True)
+    for i in range(5):
+        ch.basic_publish("", "ha.late", str(i).encode(), PERSISTENT)
+    held = [ch.basic_get("ha.late", auto_ack=False)[2] for _ in range(3)]
+    assert held == [b"0", b"1", b"2"]
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    _synced(hare2, "ha.late", ["hare2", "hare3"])
+    hare1.kill9()                                  # the consumer's node: its deliveries go back
+    row = wait_until(lambda: (lambda r: r if r and r["master"] != "hare1" else None)(_row(hare2, "ha.late")),
+                     timeout=10)
+    master = hare2 if row["master"] == "hare2" else hare3
+    got = _drain(master, "ha.late")
+    assert sorted(got) == [(b"0", True), (b"1", True), (b"2", True), (b"3", False), (b"4", False)]
+
+
 def test_consumers_on_survivors_keep_consuming_or_get_cancel(cluster):
     members, _ = cluster
     hare1, hare2, hare3 = members

@@ -82,7 +82,8 @@ class Queue:
         self.dead_letter: Callable[["Queue", list, str], None] | None = None   # set when it has a DLX
         self._dead_letter_handler: Callable[["Queue", list, str], None] | None = None
         self.consumers: deque[Consumer] = deque()
-        self.unacked = 0
+        # delivered and not yet settled, by seq: a mirror started now must hold these too
+        self.outstanding: dict[int, Entry] = {}
         self.deleted = False
         self._had_consumers = False
         self._seq = itertools.count(1)
@@ -155,6 +156,10 @@ class Queue:
     @property
     def message_count(self) -> int:
         return len(self.ready) + len(self.tail)
+
+    @property
+    def unacked(self) -> int:
+        return len(self.outstanding)
 
     @property
     def consumer_count(self) -> int:
@@ -384,6 +389,10 @@ class Queue:
 
     def _forget(self, entries) -> None:
         """These entries leave the queue for good: tell the store."""
+        outstanding = self.outstanding
+        if outstanding:
+            for entry in entries:
+                outstanding.pop(entry.seq, None)
         if self._returns:
             for entry in entries:
                 self._returns.pop(entry, None)
@@ -459,10 +468,11 @@ class Queue:
             entries = self._within_delivery_limit(entries)
             if not entries:
                 return
+        outstanding = self.outstanding
         for entry in entries:
             entry.redelivered = True
             self.ready_bytes += len(entry.message.body)
-        self.unacked -= len(entries)
+            outstanding.pop(entry.seq, None)
         if self.replica is not None:
             self.replica.requeue(entries)
         entries.sort()
@@ -492,7 +502,6 @@ class Queue:
                 returns[entry] = count
                 keep.append(entry)
         if over:
-            self.unacked -= len(over)
             if self.dead_letter is not None:
                 self.dead_letter(self, [e.message for e in over], "delivery_limit")
             self._forget(over)
@@ -517,7 +526,7 @@ class Queue:
             if entry.msg_id or self.replica is not None:
                 self._forget((entry,))
         else:
-            self.unacked += 1
+            self.outstanding[entry.seq] = entry
             if self.replica is not None:
                 self.replica.deliver(entry)
             if entry.msg_id and not entry.redelivered:
@@ -531,8 +540,6 @@ class Queue:
 
     def settle(self, entries: list[Entry]) -> None:
         """Delivered entries were acked (or rejected without requeue)."""
-        if not self.deleted:
-            self.unacked -= len(entries)
         self._forget(entries)
 
     def dispatch(self) -> None:
