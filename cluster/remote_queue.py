@@ -89,7 +89,7 @@ class QueueLink:
                     if d.tag:
                         consumer = self.consumers.get(d.tag)
                         if consumer is not None and not channel.closed:
-                            channel.deliver(consumer, entry)
+                            channel.deliver_from_home(consumer, entry)
                             channel.session.wakeup()
                         else:   # cancelled meanwhile: give it back
                             self.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=[d.id], mode=REQUEUE)))
@@ -214,7 +214,7 @@ class _NodeItself:
     def wakeup(self) -> None:
         return None
 
-    def deliver(self, _consumer, _entry) -> None:
+    def deliver_from_home(self, _consumer, _entry) -> None:
         return None
 
     def consumer_cancelled_by_broker(self, _consumer) -> None:
@@ -321,8 +321,14 @@ class RemoteQueue:
     def _attach(self, consumer) -> None:
         link = self.link(consumer.channel)
         link.consumers[consumer.tag] = consumer
+        # the home keeps the consumer's prefetch; under a global one it sends no more than that
+        # either, so what waits on this node for room stays bounded
+        prefetch = consumer.prefetch or 0
+        channel_cap = getattr(consumer.channel, "prefetch_global", 0)
+        if channel_cap and not consumer.no_ack:
+            prefetch = min(prefetch, channel_cap) if prefetch else channel_cap
         link.send(pb.QueueCall(consume=pb.QueueCall.Consume(
-            tag=consumer.tag, no_ack=consumer.no_ack, prefetch=consumer.prefetch or 0, exclusive=consumer.exclusive)))
+            tag=consumer.tag, no_ack=consumer.no_ack, prefetch=prefetch, exclusive=consumer.exclusive)))
 
     def consumers_remove(self, consumer) -> None:
         try:

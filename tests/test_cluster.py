@@ -180,6 +180,39 @@ def test_queue_on_one_node_used_through_the_others(cluster):
     assert ch1.queue_declare("mir7.q", passive=True).method.message_count == 0
 
 
+def test_global_prefetch_caps_a_channel_consuming_queues_homed_elsewhere(cluster):
+    # QOS-1: global=true caps the channel as a whole, wherever its queues live
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    for member in (hare1, hare3):
+        _, ch = _chan(member)
+        ch.queue_declare(f"qos.on.{member.name}")
+        for i in range(20):
+            ch.basic_publish("", f"qos.on.{member.name}", str(i).encode())
+    c, ch = _chan(hare2)
+    ch.basic_qos(prefetch_count=6, global_qos=True)
+    got = []
+    ch.basic_consume("qos.on.hare1", lambda _c, m, _p, b: got.append((m.consumer_tag, m.delivery_tag)))
+    tag3 = ch.basic_consume("qos.on.hare3", lambda _c, m, _p, b: got.append((m.consumer_tag, m.delivery_tag)))
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        c.process_data_events(0.1)
+    assert len(got) == 6, f"{len(got)} unacked deliveries under a global prefetch of 6"
+    ch.basic_ack(got[1][1])                        # one place frees one delivery
+    c.process_data_events(0.5)
+    assert len(got) == 7
+    ch.basic_cancel(tag3)                          # what waited for that consumer goes back home
+    ch.basic_ack(got[-1][1], multiple=True)        # every place is free
+    wait_until(lambda: c.process_data_events(0.05) or len(got) >= 13, timeout=5)
+    c.process_data_events(0.5)
+    assert len(got) == 13 and all(t != tag3 for t, _d in got[7:])
+    _, ch3 = _chan(hare3)
+    on_hare3 = sum(1 for t, _d in got if t == tag3)
+    wait_until(lambda: ch3.queue_declare("qos.on.hare3", passive=True).method.message_count == 20 - on_hare3,
+               timeout=5)
+    c.close()
+
+
 def test_unacked_remote_deliveries_requeue_when_the_client_goes(cluster):
     members, _ = cluster
     hare1, hare2, _ = members

@@ -72,6 +72,7 @@ class Channel:
         self.remote_queues: set = set()   # queues homed elsewhere this channel has a link to
         self.held = False                 # waiting for durability: later frames wait in backlog
         self.backlog: deque = deque()
+        self.parked: deque = deque()      # (consumer, entry) pushed by a home node over the global cap
 
     def __repr__(self) -> str:
         return f"<Channel {self.id}>"
@@ -100,8 +101,46 @@ class Channel:
                 # ENQUEUE is not written yet, both go out in the same write anyway.
                 self.session.gate_on(consumer.queue.store)
 
+    def deliver_from_home(self, consumer: Consumer, entry) -> None:
+        """A delivery pushed by the home node of a queue homed elsewhere. The home keeps each
+        consumer's prefetch; the channel-wide (global) one is kept here: deliveries over it wait,
+        in order, for acks to make room (QOS-1, QOS-2)."""
+        if self.parked:
+            self.parked.append((consumer, entry))
+            self._unpark()
+        elif self._room_for(consumer):
+            self.deliver(consumer, entry)
+        else:
+            self.parked.append((consumer, entry))
+
+    def _room_for(self, consumer: Consumer) -> bool:
+        return consumer.no_ack or not self.prefetch_global or self.global_unacked < self.prefetch_global
+
+    def _unpark(self) -> None:
+        parked = self.parked
+        while parked and not self.closed:
+            consumer, entry = parked[0]
+            if entry.link.closed:          # its home went away; the home requeues it, if it returns
+                parked.popleft()
+                continue
+            if not self._room_for(consumer):
+                return
+            parked.popleft()
+            self.deliver(consumer, entry)
+
+    def _give_back_parked(self, consumer: Consumer) -> None:
+        """A cancelled consumer's deliveries that never reached the client go back to the queue."""
+        if not self.parked:
+            return
+        mine = [entry for c, entry in self.parked if c is consumer]
+        if mine:
+            self.parked = deque((c, e) for c, e in self.parked if c is not consumer)
+            consumer.queue.requeue(mine)
+            self._unpark()
+
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: tell the client with basic.cancel if it understands it."""
+        self._give_back_parked(consumer)
         if self.consumers.pop(consumer.tag, None) is None or self.closed:
             return
         if self.session.client_capability("consumer_cancel_notify"):
@@ -386,6 +425,7 @@ class Channel:
         else:
             self.prefetch_consumer = m.prefetch_count
         self._reply(cmd.Basic.QosOk())
+        self._unpark()
         self._dispatch_all()
 
     def _basic_consume(self, m) -> None:
@@ -439,6 +479,7 @@ class Channel:
         self._reply(cmd.Basic.CancelOk(m.consumer_tag), m.nowait)
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
+            self._give_back_parked(consumer)
 
     def _drop_reply_to(self) -> None:
         if self.reply_token is not None:
@@ -562,6 +603,8 @@ class Channel:
             else:
                 queue.reject(entries)
         if self.prefetch_global:
+            if self.parked:
+                self._unpark()
             self._dispatch_all()
         for queue in touched:
             if queue.consumers:
@@ -742,6 +785,7 @@ class Channel:
             return
         self.closed = True
         self.backlog.clear()
+        self.parked.clear()          # still out on their home nodes, which requeue them (below)
         self._drop_reply_to()
         consumers = list(self.consumers.values())
         self.consumers.clear()
