@@ -14,6 +14,7 @@ acknowledged the moment the log moves on.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import structlog
 
@@ -30,7 +31,7 @@ class MirrorQueue:
         self.name = name
         self.store = store if store_id else None
         self.store_id = store_id
-        self.entries: dict[int, list] = {}   # key -> [Message, delivered, msg_id], in key order
+        self.entries: dict[int, list] = {}   # key -> [Message, delivered, msg_id, expires], in key order
         self.stream = None                    # the stream now feeding it; an older one stops
 
     def discard(self) -> None:
@@ -53,7 +54,8 @@ class MirrorQueue:
             old = entries.pop(op.key, None)      # a snapshot may repeat a message it already holds
             if old is not None and old[2]:
                 self.store.ack(self.store_id, [old[2]])
-            entries[op.key] = [message, op.redelivered, msg_id]
+            expires = time.monotonic() + op.ttl_left_ms / 1000.0 if op.ttl_left_ms else 0.0
+            entries[op.key] = [message, op.redelivered, msg_id, expires]
             return
         if kind == REMOVE:
             ids = []
@@ -75,9 +77,10 @@ class MirrorQueue:
     def message_count(self) -> int:
         return len(self.entries)
 
-    def contents(self) -> list[tuple[int, object, bool, int]]:
-        """(key, Message, delivered, msg_id), oldest first: what a promoted mirror starts from."""
-        return [(key, e[0], e[1], e[2]) for key, e in sorted(self.entries.items())]
+    def contents(self) -> list[tuple[int, object, bool, int, float]]:
+        """(key, Message, delivered, msg_id, TTL deadline or 0), oldest first: what a promoted
+        mirror starts from."""
+        return [(key, *e) for key, e in sorted(self.entries.items())]
 
 
 async def serve_mirror(mirroring, request_iterator, context):

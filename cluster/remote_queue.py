@@ -14,6 +14,7 @@ from collections import deque
 import grpc
 import structlog
 
+from node.broker.expiry import expiration_ms
 from node.broker.message import Entry, Message
 from node.protocol.properties import PropertyView
 from node.protocol.replies import AMQPError, ReplyCode
@@ -34,7 +35,7 @@ class RemoteEntry(Entry):
 def message_from_pb(m) -> Message:
     props = PropertyView(m.properties)
     return Message(m.exchange, m.routing_key, bytes(m.properties), bytes(m.body), props.delivery_mode == 2,
-                   props.priority, props.expiration)
+                   props.priority, expiration_ms(props.expiration))
 
 
 def message_to_pb(message: Message) -> pb.Message:

@@ -42,6 +42,13 @@ MAX_BATCH_OPS = 4000
 IN_CONFIRM_SET = ("catching", "proposing", "synced")
 
 
+def enqueue_op(entry, redelivered: bool):
+    """ENQUEUE, with what is left of the entry's TTL: a promoted mirror expires it on time."""
+    left = max(1, int((entry.expires - time.monotonic()) * 1000)) if entry.expires else 0
+    return pb.MirrorOp(kind=ENQUEUE, key=entry.seq, message=message_to_pb(entry.message),
+                       redelivered=redelivered, ttl_left_ms=left)
+
+
 class MirrorRefused(Exception):
     """The mirror would not take the stream (it has not applied our epoch yet, or a newer one)."""
 
@@ -110,8 +117,7 @@ class Replicator:
 
     def enqueue(self, entry) -> None:
         self.live[entry.seq] = entry
-        self._push(pb.MirrorOp(kind=ENQUEUE, key=entry.seq, message=message_to_pb(entry.message),
-                               redelivered=entry.redelivered))
+        self._push(enqueue_op(entry, entry.redelivered))
 
     def deliver(self, entry) -> None:
         self.delivered.add(entry.seq)
@@ -365,8 +371,7 @@ class MirrorLink:
         for i, chunk in enumerate(chunks):
             if stream_id != self._stream_id:
                 return
-            ops = [pb.MirrorOp(kind=ENQUEUE, key=e.seq, message=message_to_pb(e.message), redelivered=flag)
-                   for e, flag in chunk]
+            ops = [enqueue_op(e, flag) for e, flag in chunk]
             yield pb.MirrorBatch(reset=(i == 0), base_seq=base, snapshot_done=(i == len(chunks) - 1), ops=ops,
                                  **(head if i == 0 else {}))
             self.sync_sent += len(chunk)

@@ -213,6 +213,26 @@ def test_global_prefetch_caps_a_channel_consuming_queues_homed_elsewhere(cluster
     c.close()
 
 
+def test_per_message_expiration_through_another_node(cluster):
+    # PUB: a message's own `expiration` works the same when published via a node that is not
+    # the queue's home (it is checked there against the queue's x-message-ttl)
+    members, _ = cluster
+    hare1, hare2, _ = members
+    _, ch1 = _chan(hare1)
+    ch1.queue_declare("exp.remote", arguments={"x-message-ttl": 60000})
+    c, ch2 = _chan(hare2, confirm=True)
+    ch2.basic_publish("", "exp.remote", b"stays", properties=pika.BasicProperties(expiration="60000"))
+    ch2.basic_publish("", "exp.remote", b"goes", properties=pika.BasicProperties(expiration="200"))
+    ch2.basic_publish("", "exp.remote", b"queue ttl")
+    assert ch1.queue_declare("exp.remote", passive=True).method.message_count == 3
+    m, _, body = ch1.basic_get("exp.remote", auto_ack=True)
+    assert body == b"stays"
+    time.sleep(0.5)                                  # "goes" is at the head now, and past its time
+    m, _, body = ch1.basic_get("exp.remote", auto_ack=True)
+    assert body == b"queue ttl"
+    c.close()
+
+
 def test_unacked_remote_deliveries_requeue_when_the_client_goes(cluster):
     members, _ = cluster
     hare1, hare2, _ = members

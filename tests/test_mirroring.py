@@ -460,7 +460,7 @@ def test_queue_features_survive_a_failover(cluster):
     # max-length kept the newest 3; priorities still order deliveries
     assert [b for b, _r in _drain(hare3, "ha.maxlen")] == [b"2", b"3", b"4"]
     assert [b for b, _r in _drain(hare3, "ha.prio")] == [b"4", b"3", b"2", b"1", b"0"]
-    # the TTL (counted again from the promotion) still expires into the dead-letter exchange
+    # the TTL still expires into the dead-letter exchange
     wait_until(lambda: [b for b, _r in _drain(hare2, "ha.dead", ack=False)] == [b"expires"], timeout=10)
     # max-length is still enforced by the new master
     c, ch = _chan(hare3, confirm=True)
@@ -476,6 +476,34 @@ def test_queue_features_survive_a_failover(cluster):
     c.close()
     wait_until(lambda: sorted(b for b, _r in _drain(hare2, "ha.dead", ack=False)) == [b"expires", b"poison"],
                timeout=10)
+
+
+def test_a_ttl_deadline_holds_across_a_failover(cluster):
+    # the mirrors know when each message expires: the new master does not restart the clock
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1, confirm=True)
+    ch.exchange_declare("ha.dlx", "fanout", durable=True)
+    ch.queue_declare("ha.dead", durable=True)
+    ch.queue_bind("ha.dead", "ha.dlx")
+    ch.queue_declare("ha.deadline", durable=True, arguments={"x-message-ttl": 6000,
+                                                             "x-dead-letter-exchange": "ha.dlx"})
+    for name in ("ha.deadline", "ha.dead"):
+        _synced(hare1, name, ["hare2", "hare3"])
+    ch.basic_publish("", "ha.deadline", b"per-queue ttl", PERSISTENT)
+    ch.basic_publish("", "ha.deadline", b"own expiration",
+                     pika.BasicProperties(delivery_mode=2, expiration="4000"))
+    published = time.monotonic()
+    c.close()
+    time.sleep(2.5)
+    hare1.kill9()
+    wait_until(lambda: (lambda r: r and r["master"] != "hare1")(_row(hare2, "ha.deadline")), timeout=10)
+    assert _row(hare2, "ha.dead")["messages"] == 0          # nothing before its time
+    wait_until(lambda: _row(hare2, "ha.dead")["messages"] == 2, timeout=10)
+    expired_after = time.monotonic() - published
+    assert expired_after < 8.0, f"dead-lettered {expired_after:.1f} s after publishing: the TTL restarted"
+    assert sorted(b for b, _r in _drain(hare2, "ha.dead")) == [b"own expiration", b"per-queue ttl"]
 
 
 def test_an_alarm_on_one_node_blocks_publishers_on_every_node(tmp_path):

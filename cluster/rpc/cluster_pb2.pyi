@@ -276,7 +276,7 @@ class ControlReply(_message.Message):
     def __init__(self, ok: bool = ..., error: _Optional[str] = ..., result: _Optional[bytes] = ...) -> None: ...
 
 class MirrorOp(_message.Message):
-    __slots__ = ("kind", "key", "message", "redelivered", "keys")
+    __slots__ = ("kind", "key", "message", "redelivered", "keys", "ttl_left_ms")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         ENQUEUE: _ClassVar[MirrorOp.Kind]
@@ -292,12 +292,14 @@ class MirrorOp(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDELIVERED_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    TTL_LEFT_MS_FIELD_NUMBER: _ClassVar[int]
     kind: MirrorOp.Kind
     key: int
     message: Message
     redelivered: bool
     keys: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, kind: _Optional[_Union[MirrorOp.Kind, str]] = ..., key: _Optional[int] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., redelivered: bool = ..., keys: _Optional[_Iterable[int]] = ...) -> None: ...
+    ttl_left_ms: int
+    def __init__(self, kind: _Optional[_Union[MirrorOp.Kind, str]] = ..., key: _Optional[int] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., redelivered: bool = ..., keys: _Optional[_Iterable[int]] = ..., ttl_left_ms: _Optional[int] = ...) -> None: ...
 
 class MirrorBatch(_message.Message):
     __slots__ = ("vhost", "queue", "epoch", "master", "reset", "base_seq", "snapshot_done", "first_seq", "ops")

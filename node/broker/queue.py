@@ -255,13 +255,14 @@ class Queue:
         return replica
 
     def adopt(self, contents) -> None:
-        """A promoted mirror's messages (MIR-4), oldest first: (key, message, delivered, msg_id).
-        Those delivered on the old master come back redelivered; TTLs count from now."""
+        """A promoted mirror's messages (MIR-4), oldest first: (key, message, delivered, msg_id,
+        expires). Those delivered on the old master come back redelivered; a TTL deadline the
+        old master had set holds (one unknown to it counts from now)."""
         last = 0
-        for key, message, delivered, msg_id in contents:
-            expires = 0.0
-            if self.ttl is not None or message.expiration is not None:
+        for key, message, delivered, msg_id, expires in contents:
+            if not expires and (self.ttl is not None or message.expiration is not None):
                 expires = self._deadline(message)
+            if expires:
                 self.expiring = True
             self.ready.append(Entry(message, key, delivered, msg_id, expires))
             self.ready_bytes += len(message.body)
