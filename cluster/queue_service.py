@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+from pamqp import decode
+
 from node.broker.queue import LOGGED, SAFE, Consumer, Queue
 from node.protocol.replies import AMQPError, ReplyCode
 
@@ -91,7 +93,8 @@ class LinkChannel:
             if queue.consumers and (c.exclusive or any(x.exclusive for x in queue.consumers)):
                 raise AMQPError(ReplyCode.ACCESS_REFUSED,
                                 f"queue '{queue.name}' in vhost '{queue.vhost}' in exclusive use", 60, 20)
-            consumer = Consumer(c.tag, self, queue, c.no_ack, c.exclusive, c.prefetch, {})
+            arguments = decode.field_table(c.arguments)[1] if c.arguments else {}
+            consumer = Consumer(c.tag, self, queue, c.no_ack, c.exclusive, c.prefetch, arguments)
             self.consumers[c.tag] = consumer
             queue.add_consumer(consumer)
         elif kind == "cancel":

@@ -13,6 +13,7 @@ from collections import deque
 
 import grpc
 import structlog
+from pamqp import encode
 
 from node.broker.expiry import expiration_ms
 from node.broker.message import Entry, Message
@@ -329,7 +330,8 @@ class RemoteQueue:
         if channel_cap and not consumer.no_ack:
             prefetch = min(prefetch, channel_cap) if prefetch else channel_cap
         link.send(pb.QueueCall(consume=pb.QueueCall.Consume(
-            tag=consumer.tag, no_ack=consumer.no_ack, prefetch=prefetch, exclusive=consumer.exclusive)))
+            tag=consumer.tag, no_ack=consumer.no_ack, prefetch=prefetch, exclusive=consumer.exclusive,
+            arguments=encode.field_table(consumer.arguments or {}))))
 
     def consumers_remove(self, consumer) -> None:
         try:

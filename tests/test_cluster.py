@@ -233,6 +233,24 @@ def test_per_message_expiration_through_another_node(cluster):
     c.close()
 
 
+def test_consumer_priority_through_another_node(cluster):
+    # x-priority reaches the queue's home: the higher consumer takes everything it has room for
+    members, _ = cluster
+    hare1, hare2, _ = members
+    _, ch1 = _chan(hare1)
+    ch1.queue_declare("prio.remote")
+    c, ch = _chan(hare2, prefetch=10)
+    got = {"low": [], "high": []}
+    ch.basic_consume("prio.remote", lambda _c, m, _p, b: got["low"].append(b), arguments={"x-priority": 0})
+    ch.basic_consume("prio.remote", lambda _c, m, _p, b: got["high"].append(b), arguments={"x-priority": 5})
+    wait_until(lambda: ch1.queue_declare("prio.remote", passive=True).method.consumer_count == 2, timeout=5)
+    for i in range(4):
+        ch1.basic_publish("", "prio.remote", str(i).encode())
+    wait_until(lambda: c.process_data_events(0.05) or len(got["low"]) + len(got["high"]) == 4, timeout=5)
+    assert got == {"low": [], "high": [b"0", b"1", b"2", b"3"]}
+    c.close()
+
+
 def test_unacked_remote_deliveries_requeue_when_the_client_goes(cluster):
     members, _ = cluster
     hare1, hare2, _ = members
