@@ -20,6 +20,7 @@ from .control import Control
 from .metadata import MetadataMachine, raise_result
 from .raft import NotLeader, Raft, RaftStorage
 from .membership import CHANNEL_OPTIONS, Membership
+from .reply_to import ReplyForwarder
 from .mirroring import Mirroring
 from .rpc import cluster_pb2_grpc as pbg
 from .secret import SecretCheck
@@ -53,6 +54,7 @@ class ClusterNode:
         self.metadata.mirroring = self.mirroring
         self.metadata.on_home_lost = self.membership.probe
         self.membership.on_alarms = broker.set_peer_alarms
+        self.replies = ReplyForwarder(self.membership)
         self._server: grpc.aio.Server | None = None
         self._transition: asyncio.Task | None = None
         self._announced = False
@@ -106,12 +108,17 @@ class ClusterNode:
             except Exception:  # noqa: BLE001 - shutting down regardless
                 pass
         await self.mirroring.stop()
+        await self.replies.stop()
         await self.raft.stop()
         await self.membership.stop()
         if self._transition is not None:
             self._transition.cancel()
         if self._server is not None:
             await self._server.stop(grace=0.5)
+
+    def forward_reply(self, node: str, token: str, message) -> bool:
+        """A direct reply for a requester connected to `node` (see cluster.reply_to)."""
+        return self.replies.forward(node, token, message)
 
     def _majority_changed(self, majority: bool) -> None:
         self.membership.paused = not majority

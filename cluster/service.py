@@ -7,6 +7,7 @@ import json
 from .control import ControlError
 from .mirror import serve_mirror
 from .queue_service import serve_link
+from .remote_queue import message_from_pb
 from .rpc import cluster_pb2 as pb
 from .rpc import cluster_pb2_grpc as pbg
 
@@ -36,6 +37,16 @@ class ClusterService(pbg.ClusterServicer):
     async def Mirror(self, request_iterator, context):
         async for ack in serve_mirror(self.node.mirroring, request_iterator, context):
             yield ack
+
+    async def Replies(self, request, context):
+        broker = self.node.broker
+        delivered = 0
+        for reply in request.replies:
+            channel = broker.reply_to_channel(reply.token)
+            if channel is not None:
+                channel.deliver_reply(message_from_pb(reply.message))
+                delivered += 1
+        return pb.RepliesAck(delivered=delivered)
 
     async def Control(self, request, context):
         try:

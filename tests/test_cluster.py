@@ -251,6 +251,35 @@ def test_consumer_priority_through_another_node(cluster):
     c.close()
 
 
+def test_direct_reply_to_across_nodes(cluster):
+    # RPC with amq.rabbitmq.reply-to: the requester on hare1, the server on hare2
+    members, _ = cluster
+    hare1, hare2, _ = members
+    cc, client = _chan(hare1)
+    sc, server = _chan(hare2)
+    server.queue_declare("rpc.requests")
+    replies = []
+    client.basic_consume("amq.rabbitmq.reply-to", lambda _c, m, p, b: replies.append((p.correlation_id, b)),
+                         auto_ack=True)
+    for i in range(3):
+        client.basic_publish("", "rpc.requests", str(i).encode(),
+                             pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", correlation_id=f"c-{i}"))
+    for i in range(3):
+        method, props, body = wait_until(lambda: (r := server.basic_get("rpc.requests", auto_ack=True))[0] and r,
+                                         timeout=5)
+        for part in range(100):                     # many replies to one request keep their order
+            server.basic_publish("", props.reply_to, f"{body.decode()}.{part}".encode(),
+                                 pika.BasicProperties(correlation_id=props.correlation_id))
+    wait_until(lambda: cc.process_data_events(0.05) or len(replies) == 300, timeout=10)
+    assert replies == [(f"c-{i}", f"{i}.{part}".encode()) for i in range(3) for part in range(100)]
+    # a reply for a requester that is gone is dropped, and mandatory ones come back on its own node
+    cc.close()
+    server.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        server.basic_publish("", "amq.rabbitmq.reply-to.bm9uZQ.gone", b"late", mandatory=True)
+    sc.close()
+
+
 def test_unacked_remote_deliveries_requeue_when_the_client_goes(cluster):
     members, _ = cluster
     hare1, hare2, _ = members

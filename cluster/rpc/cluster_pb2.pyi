@@ -7,6 +7,25 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ReplyBatch(_message.Message):
+    __slots__ = ("replies",)
+    class Reply(_message.Message):
+        __slots__ = ("token", "message")
+        TOKEN_FIELD_NUMBER: _ClassVar[int]
+        MESSAGE_FIELD_NUMBER: _ClassVar[int]
+        token: str
+        message: Message
+        def __init__(self, token: _Optional[str] = ..., message: _Optional[_Union[Message, _Mapping]] = ...) -> None: ...
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[ReplyBatch.Reply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[ReplyBatch.Reply, _Mapping]]] = ...) -> None: ...
+
+class RepliesAck(_message.Message):
+    __slots__ = ("delivered",)
+    DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    delivered: int
+    def __init__(self, delivered: _Optional[int] = ...) -> None: ...
+
 class PingRequest(_message.Message):
     __slots__ = ("node", "term")
     NODE_FIELD_NUMBER: _ClassVar[int]

@@ -69,6 +69,11 @@ class ClusterStub(object):
                 request_serializer=haremq_dot_cluster__pb2.MirrorBatch.SerializeToString,
                 response_deserializer=haremq_dot_cluster__pb2.MirrorAck.FromString,
                 _registered_method=True)
+        self.Replies = channel.unary_unary(
+                '/haremq.cluster.Cluster/Replies',
+                request_serializer=haremq_dot_cluster__pb2.ReplyBatch.SerializeToString,
+                response_deserializer=haremq_dot_cluster__pb2.RepliesAck.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer(object):
@@ -123,6 +128,14 @@ class ClusterServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replies(self, request, context):
+        """Direct reply-to: replies published on one node for requesters connected to another,
+        in the order they were published.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +173,11 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.Mirror,
                     request_deserializer=haremq_dot_cluster__pb2.MirrorBatch.FromString,
                     response_serializer=haremq_dot_cluster__pb2.MirrorAck.SerializeToString,
+            ),
+            'Replies': grpc.unary_unary_rpc_method_handler(
+                    servicer.Replies,
+                    request_deserializer=haremq_dot_cluster__pb2.ReplyBatch.FromString,
+                    response_serializer=haremq_dot_cluster__pb2.RepliesAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +369,33 @@ class Cluster(object):
             '/haremq.cluster.Cluster/Mirror',
             haremq_dot_cluster__pb2.MirrorBatch.SerializeToString,
             haremq_dot_cluster__pb2.MirrorAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/haremq.cluster.Cluster/Replies',
+            haremq_dot_cluster__pb2.ReplyBatch.SerializeToString,
+            haremq_dot_cluster__pb2.RepliesAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,6 +10,7 @@ from . import policy as policies
 from .auth import SHA256, Users, hash_password
 from .exchange import Exchange, ExchangeType
 from .permissions import Access, Permission, vhost_refused
+from .reply_to import reply_token, token_node
 from .vhost import Persistence, VHost, is_durable, server_name
 
 
@@ -268,7 +269,7 @@ class Broker(Persistence):
 
     # ---- direct reply-to ---------------------------------------------------------------
     def register_reply_to(self, channel) -> str:
-        token = server_name("amq.rabbitmq.reply-to.")
+        token = reply_token(self.node_name, server_name(""))
         self._reply_to[token] = channel
         return token
 
@@ -277,6 +278,18 @@ class Broker(Persistence):
 
     def reply_to_channel(self, routing_key: str):
         return self._reply_to.get(routing_key)
+
+    def deliver_reply(self, routing_key: str, message) -> bool:
+        """A direct reply: to the requesting channel, on this node or (clustered) on the node
+        its token names. False if there is no such channel to send it to."""
+        channel = self._reply_to.get(routing_key)
+        if channel is not None:
+            channel.deliver_reply(message)
+            return True
+        node = token_node(routing_key)
+        if self.cluster is None or node is None or node == self.node_name:
+            return False
+        return self.cluster.forward_reply(node, routing_key, message)
 
     # ---- persistence (durable metadata) -------------------------------------------------
     def changed(self) -> None:

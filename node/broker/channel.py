@@ -22,11 +22,10 @@ from .confirms import ConfirmTracker
 from .message import Entry, Message
 from .expiry import parse_expiration
 from .queue import LOGGED, SAFE, Consumer, Queue, consumer_priority
+from .reply_to import REPLY_TO, REPLY_TO_PREFIX
 from .permissions import CONFIGURE, READ, WRITE
 from .vhost import server_name
 
-REPLY_TO = "amq.rabbitmq.reply-to"
-REPLY_TO_PREFIX = REPLY_TO + "."
 
 
 class Mode(enum.Enum):
@@ -653,10 +652,7 @@ class Channel:
     def _route_and_enqueue(self, exchange, message: Message, props: PropertyView, mandatory: bool) -> None:
         vhost = self.vhost
         if exchange.name == "" and message.routing_key.startswith(REPLY_TO_PREFIX):
-            target = self.session.broker.reply_to_channel(message.routing_key)
-            if target is not None:
-                target.deliver_reply(message)
-            elif mandatory:
+            if not self.session.broker.deliver_reply(message.routing_key, message) and mandatory:
                 self._return(message)
             if self.confirms is not None:
                 self.confirms.publish(0)
