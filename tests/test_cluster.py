@@ -280,6 +280,33 @@ def test_direct_reply_to_across_nodes(cluster):
     sc.close()
 
 
+def test_queue_delete_conditions_through_another_node(cluster):
+    # queue.delete if-empty / if-unused asked on a node that is not the home: the home's counts
+    # decide, and a refused delete leaves the queue on every node
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    c1, ch1 = _chan(hare1)
+    ch1.queue_declare("del.remote")
+    ch1.basic_publish("", "del.remote", b"x")
+    ch1.basic_publish("", "del.remote", b"y")
+    for if_empty, if_unused, text in ((True, False, "not empty"), (False, True, "in use")):
+        if if_unused:
+            ch1.basic_consume("del.remote", lambda *a: None)
+        _, ch2 = _chan(hare2)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
+            ch2.queue_delete("del.remote", if_empty=if_empty, if_unused=if_unused)
+        assert (ei.value.reply_code, ei.value.reply_text) == (
+            406, f"PRECONDITION_FAILED - queue 'del.remote' in vhost '/' {text}")
+        for member in members:
+            assert any(r["name"] == "del.remote" for r in ctl_json(member, "list-queues")), member.name
+    c1.close()
+    _, ch3 = _chan(hare3)
+    wait_until(lambda: ch3.queue_declare("del.remote", passive=True).method.consumer_count == 0, timeout=5)
+    assert ch3.queue_delete("del.remote", if_unused=True).method.message_count == 2
+    for member in members:
+        assert not any(r["name"] == "del.remote" for r in ctl_json(member, "list-queues")), member.name
+
+
 def test_unacked_remote_deliveries_requeue_when_the_client_goes(cluster):
     members, _ = cluster
     hare1, hare2, _ = members

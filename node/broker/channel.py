@@ -405,13 +405,36 @@ class Channel:
     def _queue_delete(self, m) -> None:
         self.session.access.check(CONFIGURE, "queue", self._queue_name(m.queue, m), m)
         if self.session.broker.cluster is not None:
-            self._propose({"op": "queue.delete", "name": self._queue_name(m.queue, m), "if_unused": m.if_unused,
-                           "if_empty": m.if_empty, "owner": self.session.key}, m,
-                          lambda r: cmd.Queue.DeleteOk(r.get("message_count") or 0), m.nowait)
+            queue = self.vhost.queues.get(self._queue_name(m.queue, m))
+            if queue is not None and queue.remote:    # its counts come from its home node
+                self.held = True
+                queue.stats_from(lambda counts, err: self._propose_delete(queue, m, counts, err))
+            else:
+                counts = (queue.message_count, queue.consumer_count) if queue is not None else (0, 0)
+                self._propose_delete(queue, m, counts, None)
             return
         count = self.vhost.delete_queue(self._queue_name(m.queue, m), m.if_unused, m.if_empty,
                                         self.session, m)
         self._reply_durable(cmd.Queue.DeleteOk(count), m.nowait)
+
+    def _propose_delete(self, queue, m, counts, err) -> None:
+        """Clustered queue.delete: the preconditions are checked here, once, against the home's
+        counts; every node then applies the same unconditional delete."""
+        if self.closed:
+            return
+        try:
+            if err is not None:
+                raise err
+            if queue is not None:
+                self.vhost.check_delete(queue, m.if_unused, m.if_empty, self.session, *counts, m)
+        except AMQPError as exc:
+            self.held = False
+            self.session.fail_channel(self.id, exc)
+            return
+        self._propose({"op": "queue.delete", "name": self._queue_name(m.queue, m), "if_unused": False,
+                       "if_empty": False, "owner": self.session.key}, m,
+                      lambda r: cmd.Queue.DeleteOk(counts[0] if r.get("message_count") is None
+                                                   else r["message_count"]), m.nowait)
 
     # ---- basic class: consuming ---------------------------------------------------------
     def _basic_qos(self, m) -> None:

@@ -199,9 +199,11 @@ class Session:
             self.teardown()
 
     def fail_channel(self, channel_id: int, err: AMQPError) -> None:
-        """Close a channel (or the connection, for a connection error) from outside its frames."""
+        """Close a channel (or the connection, for a connection error) from outside its frames:
+        the close goes out now, not with the next frame the client happens to send."""
         if not self.closed:
             self._fail(channel_id, err)
+            self.wakeup()
 
     def _fail(self, channel_id: int, err: AMQPError) -> None:
         if err.is_channel_error and channel_id and channel_id in self.channels:

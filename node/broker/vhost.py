@@ -335,15 +335,20 @@ class VHost:
         queue = self.queues.get(name)
         if queue is None:
             return 0
-        if not owned_by(queue, owner):
-            raise self._locked(name, method)
-        if if_unused and queue.consumer_count:
-            raise _err(ReplyCode.PRECONDITION_FAILED, f"{self._where('queue', name)} in use", method)
-        if if_empty and queue.message_count:
-            raise _err(ReplyCode.PRECONDITION_FAILED, f"{self._where('queue', name)} not empty", method)
+        self.check_delete(queue, if_unused, if_empty, owner, queue.message_count, queue.consumer_count, method)
         count = queue.message_count
         self.remove_queue(queue)
         return count
+
+    def check_delete(self, queue, if_unused: bool, if_empty: bool, owner, messages: int, consumers: int,
+                     method=None) -> None:
+        """queue.delete's preconditions, with the counts of the queue's home node."""
+        if not owned_by(queue, owner):
+            raise self._locked(queue.name, method)
+        if if_unused and consumers:
+            raise _err(ReplyCode.PRECONDITION_FAILED, f"{self._where('queue', queue.name)} in use", method)
+        if if_empty and messages:
+            raise _err(ReplyCode.PRECONDITION_FAILED, f"{self._where('queue', queue.name)} not empty", method)
 
     def rebind(self, old, new) -> None:
         """A queue's handle changed (its master moved): its bindings follow."""
