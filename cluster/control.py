@@ -61,20 +61,6 @@ class Control:
             merged.extend(part)
         return merged
 
-    async def _everywhere(self, command: str, args: dict, apply):
-        """Apply a change here and on every member that is up (each applies it locally)."""
-        if args.get("local"):
-            return apply()
-        result = apply()
-        membership = self.node.membership
-        up = set(membership.up_members())
-        local = dict(args, local=True)
-        await asyncio.gather(*(
-            peer.stub.Control(pb.ControlRequest(command=command, arguments=json.dumps(local).encode()),
-                              timeout=5.0, metadata=membership.metadata())
-            for peer in membership.peers.values() if peer.name in up), return_exceptions=True)
-        return result
-
     # ---- commands -----------------------------------------------------------------------
     async def cluster_status(self, args: dict) -> dict:
         membership = self.node.membership
@@ -205,7 +191,14 @@ class Control:
         name = args["node"]
         if name == self.node.name:
             raise ControlError("a node cannot forget itself")
-        return await self._everywhere("forget_node", args, lambda: {"forgotten": self.node.membership.forget(name)})
+        if name not in self.node.membership.peers:
+            raise ControlError(f"'{name}' is not a member of this cluster")
+        if self.node.membership.is_up(name):
+            raise ControlError(f"'{name}' is up: stop it before it is forgotten")
+        try:   # through the metadata log: every member, and any that restarts, forgets it
+            return await self.node.propose({"op": "member.forget", "node": name})
+        except AMQPError as exc:
+            raise ControlError(exc.text) from None
 
     async def broker_call(self, args: dict):
         """users, vhosts, permissions, policies: a Broker method applied on every member."""

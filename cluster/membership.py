@@ -170,6 +170,8 @@ class Membership:
         now = time.monotonic()
         if name == self.name or self.is_up(name):
             return False
+        if name not in self.peers:
+            return True      # forgotten: not a member any more
         votes = 1 + sum(1 for p in self.peers.values()
                         if p.name != name and p.is_up(now, self.failure_timeout) and name in p.sees_down)
         return votes * 2 > self.size

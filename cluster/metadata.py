@@ -47,6 +47,7 @@ class MetadataMachine:
         self.call_metadata = call_metadata
         self.is_up = is_up
         self.on_home_lost = None
+        self.on_forget = None       # name -> the membership stops counting that member
         self.recovered: dict[int, list] = {}
         self.mirroring = None       # cluster.mirroring.Mirroring
         self.log = structlog.get_logger("haremq.metadata").bind(node=node_name)
@@ -179,6 +180,32 @@ class MetadataMachine:
         if self.mirroring is not None:
             self.mirroring.stopping.add(c["node"])
         return {}
+
+    def _member_forget(self, index, c):
+        """`haremq ctl forget-node`: the member leaves the cluster for good. As with RabbitMQ's
+        forget_cluster_node, its queues go, except mirrored ones with a synchronised mirror,
+        which fail over; mirrors it held are placed again on the members left."""
+        name = c["node"]
+        if name == self.node:
+            self.log.error("this node was removed from the cluster (forget-node); "
+                           "start it on an empty data dir to join again")
+            return {"forgotten": False}
+        if self.on_forget is not None:
+            self.on_forget(name)
+        for vhost in self.broker.vhosts.values():
+            for queue in list(vhost.queues.values()):
+                if getattr(queue, "home", self.node) != name:
+                    continue
+                state = self.mirroring.states.get((vhost.name, queue.name)) if self.mirroring else None
+                if state is not None and state.synced:
+                    continue
+                if self.mirroring is not None:
+                    self.mirroring.deleted(vhost.name, queue.name)
+                vhost.remove_queue(queue)
+        if self.mirroring is not None:
+            self.mirroring.member_forgotten(name)
+        self.log.warning("member forgotten", member=name)
+        return {"forgotten": True}
 
     # ---- mirrored queues (cluster/mirroring.py) ------------------------------------------------
     def _queue_promote(self, index, c):

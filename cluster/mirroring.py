@@ -107,6 +107,14 @@ class Mirroring:
         for state in list(self.states.values()):
             self._place(state)
 
+    def member_forgotten(self, node: str) -> None:
+        """A member left for good: mirrors are placed on the members left. Queues it mastered
+        keep their mirrors until the leader promotes one (it is down for good)."""
+        self.stopping.discard(node)
+        for state in list(self.states.values()):
+            if state.home != node:
+                self._place(state)
+
     def _place(self, state: HAState) -> None:
         """Compute the mirrors from the policy and take this node's part."""
         state.definition = self._definition(state.vhost, state.name)

@@ -54,6 +54,7 @@ class ClusterNode:
         self.metadata.mirroring = self.mirroring
         self.metadata.on_home_lost = self.membership.probe
         self.membership.on_alarms = broker.set_peer_alarms
+        self.metadata.on_forget = self.membership.forget
         self.replies = ReplyForwarder(self.membership)
         self._server: grpc.aio.Server | None = None
         self._transition: asyncio.Task | None = None

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("queue")
         p.add_argument("-p", "--vhost", default="/")
         p.add_argument("--json", action="store_true")
-    p = sub.add_parser("forget-node")
+    p = sub.add_parser("forget-node", help="remove a stopped member from the cluster for good")
     p.add_argument("member")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("watch", help="a live view of the cluster, refreshed every second")

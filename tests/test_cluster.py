@@ -307,6 +307,54 @@ def test_queue_delete_conditions_through_another_node(cluster):
         assert not any(r["name"] == "del.remote" for r in ctl_json(member, "list-queues")), member.name
 
 
+def _queue_row(member, name):
+    return next((r for r in ctl_json(member, "list-queues") if r["name"] == name), None)
+
+
+def test_forget_node_removes_a_dead_member_for_good(cluster):
+    # ctl forget-node: refused for a member that is up; for a dead one, every member (and one
+    # that restarts later) forgets it, and its unmirrored queues go, as in RabbitMQ
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+
+    def ch_for(name):
+        return _chan(next(m for m in members if m.name == name))[1]
+    _, ch3 = _chan(hare3, confirm=True)
+    ch3.queue_declare("fg.plain", durable=True)
+    r = ctl(hare1, "set-policy", "ha", r"^fg\.ha", json.dumps({"ha-mode": "all", "ha-sync-mode": "automatic"}),
+            "--apply-to", "queues")
+    assert r.returncode == 0, r.stderr
+    ch3.queue_declare("fg.ha", durable=True)
+    wait_until(lambda: sorted((_queue_row(hare1, "fg.ha") or {}).get("synchronised_mirrors") or [])
+               == ["hare1", "hare2"], timeout=10)
+    for i in range(3):
+        ch3.basic_publish("", "fg.ha", str(i).encode(), properties=pika.BasicProperties(delivery_mode=2))
+    r = ctl(hare1, "forget-node", "hare3")
+    assert r.returncode != 0 and "is up" in r.stderr
+    r = ctl(hare1, "forget-node", "hare9")
+    assert r.returncode != 0 and "not a member" in r.stderr
+    hare3.kill9()
+    wait_until(lambda: not next(m for m in ctl_json(hare1, "cluster-status")["members"]
+                                if m["name"] == "hare3")["up"], timeout=10)
+    r = ctl(hare1, "forget-node", "hare3")
+    assert r.returncode == 0, r.stderr
+    for member in (hare1, hare2):
+        status = ctl_json(member, "cluster-status")
+        assert sorted(m["name"] for m in status["members"]) == ["hare1", "hare2"], member.name
+        assert not any(q["name"] == "fg.plain" for q in ctl_json(member, "list-queues")), member.name
+    # the mirrored one failed over, and its mirrors are placed on the two left
+    row = wait_until(lambda: (lambda r: r if r and r["master"] != "hare3" and "hare3" not in (r["mirrors"] or [])
+                              else None)(_queue_row(hare1, "fg.ha")), timeout=15)
+    assert sorted([row["master"], *row["mirrors"]]) == ["hare1", "hare2"]
+    assert ch_for(row["master"]).queue_declare("fg.ha", passive=True).method.message_count == 3
+    hare2.kill9()
+    hare2.start()
+    wait_until(lambda: ctl_json(hare2, "cluster-status")["majority"], timeout=20)
+    assert sorted(m["name"] for m in ctl_json(hare2, "cluster-status")["members"]) == ["hare1", "hare2"]
+    _, ch2 = _chan(hare2)
+    ch2.queue_declare("fg.after", durable=True)      # the two of them are a working cluster
+
+
 def test_unacked_remote_deliveries_requeue_when_the_client_goes(cluster):
     members, _ = cluster
     hare1, hare2, _ = members
