@@ -431,14 +431,21 @@ def test_a_stale_epoch_is_refused_by_a_mirror(cluster):
 
 
 # ---- queue features across a failover (PUB-4) and cluster-wide alarms (ERR-4) ---------------------
-def test_queue_features_survive_a_failover(cluster):
-    members, _ = cluster
-    hare1, hare2, hare3 = members
+def _mirrored_dead_letters(hare1):
+    """Every ha.* queue mirrored on all nodes, and a dead-letter exchange ha.dlx into ha.dead;
+    a confirm channel on hare1."""
     _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     c, ch = _chan(hare1, confirm=True)
     ch.exchange_declare("ha.dlx", "fanout", durable=True)
     ch.queue_declare("ha.dead", durable=True)
     ch.queue_bind("ha.dead", "ha.dlx")
+    return c, ch
+
+
+def test_queue_features_survive_a_failover(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    c, ch = _mirrored_dead_letters(hare1)
     queues = {
         "ha.ttl": {"x-message-ttl": 1500, "x-dead-letter-exchange": "ha.dlx"},
         "ha.maxlen": {"x-max-length": 3},
@@ -482,11 +489,7 @@ def test_a_ttl_deadline_holds_across_a_failover(cluster):
     # the mirrors know when each message expires: the new master does not restart the clock
     members, _ = cluster
     hare1, hare2, hare3 = members
-    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
-    c, ch = _chan(hare1, confirm=True)
-    ch.exchange_declare("ha.dlx", "fanout", durable=True)
-    ch.queue_declare("ha.dead", durable=True)
-    ch.queue_bind("ha.dead", "ha.dlx")
+    c, ch = _mirrored_dead_letters(hare1)
     ch.queue_declare("ha.deadline", durable=True, arguments={"x-message-ttl": 6000,
                                                              "x-dead-letter-exchange": "ha.dlx"})
     for name in ("ha.deadline", "ha.dead"):
@@ -571,6 +574,18 @@ def test_promote_on_shutdown_always_promotes_an_unsynchronised_mirror(cluster):
     assert [b for b, _r in _drain(hare2, "ha.shutdown")] == [b"new"]   # what the mirror had
 
 
+def _commit_while_stopped(ch, mirror):
+    """tx.commit while a mirror is SIGSTOPped: commit-ok must wait (until it is dropped)."""
+    os.killpg(mirror.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        ch.tx_commit()
+        waited = time.monotonic() - started
+        assert waited >= 1.0, f"commit-ok after {waited:.2f} s: did not wait for the stopped mirror"
+    finally:
+        os.killpg(mirror.proc.pid, signal.SIGCONT)
+
+
 def test_tx_commit_waits_for_the_mirrors(cluster):
     # CONF-8 on a mirrored queue: commit-ok only once every in-sync mirror holds the messages
     members, _ = cluster
@@ -579,14 +594,7 @@ def test_tx_commit_waits_for_the_mirrors(cluster):
     c, ch = _chan(hare1)
     ch.tx_select()
     ch.basic_publish("", "ha.tx", b"in a transaction", PERSISTENT)
-    os.killpg(hare3.proc.pid, signal.SIGSTOP)
-    try:
-        started = time.monotonic()
-        ch.tx_commit()
-        waited = time.monotonic() - started
-        assert waited >= 1.0, f"commit-ok after {waited:.2f} s: did not wait for the stopped mirror"
-    finally:
-        os.killpg(hare3.proc.pid, signal.SIGCONT)
+    _commit_while_stopped(ch, hare3)
     c.close()
     hare1.kill9()       # hare3 may still be resyncing: it must not be promoted unless in sync
     new = wait_until(lambda: (lambda r: r["master"] if r and r["master"] != "hare1" else None)(
@@ -608,14 +616,7 @@ def test_tx_commit_on_another_node_waits_for_the_home_and_its_mirrors(cluster):
     ch.tx_commit()                                  # all up: no wait to speak of
     ch.basic_publish("", "ha.txr", b"second", PERSISTENT)
     ch.basic_publish("", "ha.txr", b"third", PERSISTENT)
-    os.killpg(hare3.proc.pid, signal.SIGSTOP)
-    try:
-        started = time.monotonic()
-        ch.tx_commit()
-        waited = time.monotonic() - started
-        assert waited >= 1.0, f"commit-ok after {waited:.2f} s: did not wait for the stopped mirror"
-    finally:
-        os.killpg(hare3.proc.pid, signal.SIGCONT)
+    _commit_while_stopped(ch, hare3)
     ch.basic_publish("", "ha.txr", b"rolled back", PERSISTENT)
     ch.tx_rollback()
     c.close()
