@@ -96,6 +96,7 @@ class LinkChannel:
             arguments = decode.field_table(c.arguments)[1] if c.arguments else {}
             consumer = Consumer(c.tag, self, queue, c.no_ack, c.exclusive, c.prefetch, arguments)
             self.consumers[c.tag] = consumer
+            self._emit(pb.QueueEvent(consume_ok=pb.QueueEvent.ConsumeOk(tag=c.tag)))   # before its deliveries
             queue.add_consumer(consumer)
         elif kind == "cancel":
             consumer = self.consumers.pop(call.cancel.tag, None)

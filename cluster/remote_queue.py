@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Callable
 
 import grpc
 import structlog
@@ -53,6 +54,7 @@ class QueueLink:
         self.calls: asyncio.Queue = asyncio.Queue()
         self.gets: deque = deque()          # (no_ack, callback) waiting for a get answer, in order
         self.consumers: dict[str, object] = {}
+        self.consumed: dict[str, Callable[[], None]] = {}   # tag -> waiting for the home's consume-ok
         self.unconfirmed: set[int] = set()
         self.closed = False
         peer = queue.peers(queue.home)
@@ -97,6 +99,10 @@ class QueueLink:
                             self.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=[d.id], mode=REQUEUE)))
                     elif self.gets:
                         self.gets.popleft()[1](entry, d.message_count)
+                elif kind == "consume_ok":
+                    consumed = self.consumed.pop(event.consume_ok.tag, None)
+                    if consumed is not None:
+                        consumed()
                 elif kind == "empty":
                     if self.gets:
                         self.gets.popleft()[1](None, 0)
@@ -148,6 +154,9 @@ class QueueLink:
             channel.remote_settled(sorted(self.unconfirmed), False)
         self.unconfirmed.clear()
         self._answer_gets()
+        consumed, self.consumed = self.consumed, {}
+        for fn in consumed.values():     # consume-ok now: the consumer then waits for a failover,
+            fn()                         # or gets basic.cancel, as any consumer of this queue
         channel.session.wakeup()
 
     def _answer_gets(self) -> None:
@@ -310,19 +319,24 @@ class RemoteQueue:
         link.gets.append((no_ack, answer))
         link.send(pb.QueueCall(get=pb.QueueCall.Get(no_ack=no_ack)))
 
-    def add_consumer(self, consumer) -> None:
+    def add_consumer(self, consumer, consumed: Callable[[], None] | None = None) -> None:
+        """Attach a consumer on the home node; consumed() once the home has it."""
         self.consumers.append(consumer)
         try:
-            self._attach(consumer)
+            self._attach(consumer, consumed)
         except AMQPError:
             if not self.mirrored:
                 self.consumers_remove(consumer)
                 raise
             # its master is down: the consumer is attached to the mirror that takes over
+            if consumed is not None:
+                consumed()
 
-    def _attach(self, consumer) -> None:
+    def _attach(self, consumer, consumed: Callable[[], None] | None = None) -> None:
         link = self.link(consumer.channel)
         link.consumers[consumer.tag] = consumer
+        if consumed is not None:
+            link.consumed[consumer.tag] = consumed
         # the home keeps the consumer's prefetch; under a global one it sends no more than that
         # either, so what waits on this node for room stays bounded
         prefetch = consumer.prefetch or 0

@@ -355,6 +355,28 @@ def test_forget_node_removes_a_dead_member_for_good(cluster):
     ch2.queue_declare("fg.after", durable=True)      # the two of them are a working cluster
 
 
+def test_exclusive_consumer_conflicts_through_another_node_fail_the_consume(cluster):
+    # basic.consume via a node that is not the home: consume-ok only once the home has the
+    # consumer, so an exclusive-use conflict there fails the consume itself (403)
+    members, _ = cluster
+    hare1, hare2, _ = members
+    _, ch1 = _chan(hare1)
+    ch1.queue_declare("excl.cons")
+    ch1.basic_consume("excl.cons", lambda *a: None)
+    for exclusive in (True, False):
+        if not exclusive:
+            c1, other = _chan(hare1)
+            other.queue_declare("excl.cons2")
+            other.basic_consume("excl.cons2", lambda *a: None, exclusive=True)
+        _, ch2 = _chan(hare2)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
+            ch2.basic_consume("excl.cons" if exclusive else "excl.cons2", lambda *a: None, exclusive=exclusive)
+        assert ei.value.reply_code == 403 and "in exclusive use" in ei.value.reply_text
+    c, ch2 = _chan(hare2)
+    ch2.basic_consume("excl.cons", lambda *a: None)        # a plain consumer is fine
+    assert ch1.queue_declare("excl.cons", passive=True).method.consumer_count == 2   # at consume-ok already
+
+
 def test_unacked_remote_deliveries_requeue_when_the_client_goes(cluster):
     members, _ = cluster
     hare1, hare2, _ = members

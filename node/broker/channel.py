@@ -467,10 +467,28 @@ class Channel:
         consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, self.prefetch_consumer,
                             dict(m.arguments or {}))
         self.consumers[tag] = consumer
+        if queue.remote and not m.nowait:
+            # consume-ok once the home node has the consumer (or refused it: a channel error)
+            self._remote(queue)
+            self.held = True
+            try:
+                queue.add_consumer(consumer, lambda: self._consumed(tag))
+            except AMQPError:
+                self.held = False
+                self.consumers.pop(tag, None)
+                raise
+            return
         self._reply(cmd.Basic.ConsumeOk(tag), m.nowait)
         if queue.remote:
             self._remote(queue)
         queue.add_consumer(consumer)
+
+    def _consumed(self, tag: str) -> None:
+        if self.closed:
+            return
+        self._reply(cmd.Basic.ConsumeOk(tag))
+        self.held = False
+        self.session.resume(self)
 
     def _consume_reply_to(self, m) -> None:
         if not m.no_ack:
