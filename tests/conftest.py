@@ -44,6 +44,7 @@ from pamqp import frame as pframe
 from pamqp import header as pheader
 from pamqp import heartbeat as pheartbeat
 
+TEST_SEGMENT_SIZE = 8 << 20
 HOST = "127.0.0.1"
 REF_PORT = os.environ.get("HAREMQ_TEST_REF_PORT")
 IS_REF = bool(REF_PORT)
@@ -163,8 +164,10 @@ class Node:
         return f"amqp://guest:guest@{HOST}:{self.port}/%2F"
 
     def argv(self) -> list[str]:
+        # small segments: every node start zeroes a spare segment ahead of the writes, and a run
+        # starts hundreds of nodes; tests that care give --segment-size again (the last one counts)
         return [*haremq_command(), "node", "--name", self.name, "--data-dir", str(self.data_dir),
-                "--amqp-port", str(self.port), "--bind", HOST]
+                "--amqp-port", str(self.port), "--bind", HOST, "--segment-size", str(TEST_SEGMENT_SIZE)]
 
     def start(self, timeout: float = 30.0) -> "Node":
         if self.external:
