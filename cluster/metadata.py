@@ -124,7 +124,7 @@ class MetadataMachine:
             if logged and index in self.recovered:
                 queue.restore(self.recovered.pop(index))
         else:
-            vhost.validate_new_queue(name, arguments, _method(c))
+            vhost.validate_new_queue(name, arguments, c["durable"], c["exclusive"], c["auto_delete"], _method(c))
             queue = self._remote_queue(vhost, name, c["home"], c["durable"], owner if c["exclusive"] else None,
                                        c["auto_delete"], arguments)
             vhost.queues[name] = queue

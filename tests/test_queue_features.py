@@ -469,6 +469,9 @@ def test_maxlen_dead_letter_to_itself_is_dropped(ch):
     ({"x-dead-letter-exchange": 5}, "invalid type 'signedint' for arg 'x-dead-letter-exchange' in {q}"),
     ({"x-dead-letter-routing-key": "k"},
      "invalid arg 'x-dead-letter-routing-key' for {q}: routing_key_but_no_dlx_defined"),
+    ({"x-queue-type": "foo"}, "invalid arg 'x-queue-type' for {q}: \"unsupported queue type 'foo'\""),
+    ({"x-queue-type": 5}, "invalid arg 'x-queue-type' for {q}: {{unacceptable_type,signedint}}"),
+    ({"x-queue-type": "quorum"}, "invalid property 'non-durable' for {q}"),
 ])
 def test_invalid_queue_arguments(conn, args, text):
     q = unique_name("badarg")
@@ -477,6 +480,29 @@ def test_invalid_queue_arguments(conn, args, text):
     where = f"queue '{q}' in vhost '/'"
     assert (ei.value.reply_code, ei.value.reply_text) == \
         (406, "PRECONDITION_FAILED - " + text.format(q=where))
+
+
+def test_quorum_queue_declarations_are_served(conn):
+    # x-queue-type=quorum: RabbitMQ's declaration rules, then a queue like any other
+    ch = conn.channel()
+    q = unique_name("quorum")
+    ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum"})
+    ch.basic_publish("", q, b"kept")
+    assert ch.basic_get(q, auto_ack=True)[2] == b"kept"
+    ch.queue_delete(q)
+    with pytest.raises(ChannelClosedByBroker) as ei:
+        conn.channel().queue_declare(q, durable=True, exclusive=True, arguments={"x-queue-type": "quorum"})
+    assert ei.value.reply_text == f"PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"
+
+
+@pytest.mark.skipif(IS_REF, reason="RabbitMQ has streams; HareMQ refuses them")
+def test_stream_queues_are_refused_clearly(conn):
+    q = unique_name("stream")
+    with pytest.raises(ChannelClosedByBroker) as ei:
+        conn.channel().queue_declare(q, durable=True, arguments={"x-queue-type": "stream"})
+    assert (ei.value.reply_code, ei.value.reply_text) == (
+        406, f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{q}' in vhost '/': "
+             "\"unsupported queue type 'stream'\"")
 
 
 # ------------------------------------------------------------------ durable queues and paging

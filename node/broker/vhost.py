@@ -253,7 +253,7 @@ class VHost:
             _check_args(what, arguments, existing.arguments, QUEUE_ARGS_CHECKED, method)
             existing.touch()
             return existing
-        _validate_queue_args(self._where("queue", name), arguments, method)
+        _validate_queue_args(self._where("queue", name), arguments, method, durable, exclusive, auto_delete)
         logged = durable and not exclusive
         if store_id is None:
             store_id = self.persistence.new_queue_id() if logged else 0
@@ -265,9 +265,11 @@ class VHost:
             self.persistence.changed()
         return queue
 
-    def validate_new_queue(self, name: str, arguments: dict, method=None) -> None:
+    def validate_new_queue(self, name: str, arguments: dict, durable: bool, exclusive: bool, auto_delete: bool,
+                           method=None) -> None:
         """The checks a new queue's declaration must pass (for a queue homed on another node)."""
-        _validate_queue_args(self._where("queue", name), dict(arguments or {}), method)
+        _validate_queue_args(self._where("queue", name), dict(arguments or {}), method, durable, exclusive,
+                             auto_delete)
 
     def add_queue(self, name: str, durable: bool, owner, auto_delete: bool, arguments: dict,
                   store_id: int) -> Queue:
@@ -423,8 +425,36 @@ def _check_args(what: str, received: dict, current: dict, checked, method) -> No
                        f"inequivalent arg '{key}' for {what}: received {got} but current is {cur}", method)
 
 
-def _validate_queue_args(what: str, arguments: dict, method) -> None:
+def _validate_queue_type(what: str, arguments: dict, method, durable: bool, exclusive: bool,
+                         auto_delete: bool) -> None:
+    """x-queue-type. "quorum" is served as a classic queue (mirror it with an ha- policy), with
+    a quorum queue's declaration rules so that clients written for RabbitMQ see the same
+    answers; streams are not supported."""
+    kind = arguments.get("x-queue-type")
+    if kind is None:
+        return
+    if isinstance(kind, bytes):
+        kind = kind.decode()
+    if not isinstance(kind, str):
+        raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg 'x-queue-type' for {what}: "
+                   f"{{unacceptable_type,{_field_type(kind)}}}", method)
+    if kind not in ("classic", "quorum"):
+        raise _err(ReplyCode.PRECONDITION_FAILED,
+                   f"invalid arg 'x-queue-type' for {what}: \"unsupported queue type '{kind}'\"", method)
+    if kind == "quorum":
+        for broken, prop in ((not durable, "non-durable"), (exclusive, "exclusive-owner"),
+                             (auto_delete, "auto-delete")):
+            if broken:
+                raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid property '{prop}' for {what}", method)
+        if arguments.get("x-max-priority") is not None:
+            raise _err(ReplyCode.PRECONDITION_FAILED,
+                       f"invalid arg 'x-max-priority' for {what} of queue type rabbit_quorum_queue", method)
+
+
+def _validate_queue_args(what: str, arguments: dict, method, durable: bool, exclusive: bool,
+                         auto_delete: bool) -> None:
     """rabbit_amqqueue:declare_args/0, with RabbitMQ's texts."""
+    _validate_queue_type(what, arguments, method, durable, exclusive, auto_delete)
     for key in ("x-max-length", "x-max-length-bytes", "x-message-ttl", "x-expires", "x-max-priority",
                 "x-delivery-limit"):
         value = arguments.get(key)
