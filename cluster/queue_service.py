@@ -98,6 +98,11 @@ class LinkChannel:
             self.consumers[c.tag] = consumer
             self._emit(pb.QueueEvent(consume_ok=pb.QueueEvent.ConsumeOk(tag=c.tag)))   # before its deliveries
             queue.add_consumer(consumer)
+        elif kind == "prefetch":
+            consumer = self.consumers.get(call.prefetch.tag)
+            if consumer is not None:
+                consumer.prefetch = call.prefetch.count
+                queue.dispatch()
         elif kind == "cancel":
             consumer = self.consumers.pop(call.cancel.tag, None)
             if consumer is not None:

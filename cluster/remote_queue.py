@@ -177,6 +177,16 @@ class QueueLink:
             self.calls.put_nowait(None)
 
 
+def home_prefetch(consumer) -> int:
+    """The cap a consumer has on its queue's home node: its own prefetch and, under a global
+    one, no more than that either, so what waits on the client's node for room stays bounded."""
+    prefetch = consumer.prefetch or 0
+    channel_cap = getattr(consumer.channel, "prefetch_global", 0)
+    if channel_cap and not consumer.no_ack:
+        prefetch = min(prefetch, channel_cap) if prefetch else channel_cap
+    return prefetch
+
+
 def cancel_on_failover(consumer) -> bool:
     return bool((consumer.arguments or {}).get("x-cancel-on-ha-failover"))
 
@@ -337,15 +347,16 @@ class RemoteQueue:
         link.consumers[consumer.tag] = consumer
         if consumed is not None:
             link.consumed[consumer.tag] = consumed
-        # the home keeps the consumer's prefetch; under a global one it sends no more than that
-        # either, so what waits on this node for room stays bounded
-        prefetch = consumer.prefetch or 0
-        channel_cap = getattr(consumer.channel, "prefetch_global", 0)
-        if channel_cap and not consumer.no_ack:
-            prefetch = min(prefetch, channel_cap) if prefetch else channel_cap
         link.send(pb.QueueCall(consume=pb.QueueCall.Consume(
-            tag=consumer.tag, no_ack=consumer.no_ack, prefetch=prefetch, exclusive=consumer.exclusive,
+            tag=consumer.tag, no_ack=consumer.no_ack, prefetch=home_prefetch(consumer), exclusive=consumer.exclusive,
             arguments=encode.field_table(consumer.arguments or {}))))
+
+    def prefetch_changed(self, consumer) -> None:
+        """basic.qos on the consumer's channel: its cap on the home node follows (QOS-4)."""
+        link = self._links.get(consumer.channel)
+        if link is not None and consumer.tag in link.consumers:
+            link.send(pb.QueueCall(prefetch=pb.QueueCall.Prefetch(tag=consumer.tag,
+                                                                  count=home_prefetch(consumer))))
 
     def consumers_remove(self, consumer) -> None:
         try:

@@ -377,6 +377,31 @@ def test_exclusive_consumer_conflicts_through_another_node_fail_the_consume(clus
     assert ch1.queue_declare("excl.cons", passive=True).method.consumer_count == 2   # at consume-ok already
 
 
+def test_raising_a_global_prefetch_reaches_consumers_of_queues_homed_elsewhere(cluster):
+    # QOS-4: a new prefetch applies to consumers that already exist, wherever their queue lives
+    members, _ = cluster
+    hare1, hare2, _ = members
+    _, ch1 = _chan(hare1)
+    ch1.queue_declare("qos.raise")
+    for i in range(20):
+        ch1.basic_publish("", "qos.raise", str(i).encode())
+    c, ch = _chan(hare2)
+    ch.basic_qos(prefetch_count=2, global_qos=True)
+    got = []
+    ch.basic_consume("qos.raise", lambda _c, m, _p, b: got.append(b))
+
+    def settle(seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            c.process_data_events(0.05)
+    settle(0.8)
+    assert len(got) == 2
+    ch.basic_qos(prefetch_count=5, global_qos=True)
+    settle(0.8)
+    assert len(got) == 5
+    c.close()
+
+
 def test_unacked_remote_deliveries_requeue_when_the_client_goes(cluster):
     members, _ = cluster
     hare1, hare2, _ = members

@@ -139,7 +139,7 @@ class Message(_message.Message):
     def __init__(self, exchange: _Optional[str] = ..., routing_key: _Optional[str] = ..., properties: _Optional[bytes] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class QueueCall(_message.Message):
-    __slots__ = ("open", "publish", "get", "consume", "cancel", "settle", "credit")
+    __slots__ = ("open", "publish", "get", "consume", "cancel", "settle", "prefetch")
     class Open(_message.Message):
         __slots__ = ("vhost", "queue", "owner", "epoch")
         VHOST_FIELD_NUMBER: _ClassVar[int]
@@ -188,28 +188,28 @@ class QueueCall(_message.Message):
         ids: _containers.RepeatedScalarFieldContainer[int]
         mode: int
         def __init__(self, ids: _Optional[_Iterable[int]] = ..., mode: _Optional[int] = ...) -> None: ...
-    class Credit(_message.Message):
-        __slots__ = ("tag", "freed")
+    class Prefetch(_message.Message):
+        __slots__ = ("tag", "count")
         TAG_FIELD_NUMBER: _ClassVar[int]
-        FREED_FIELD_NUMBER: _ClassVar[int]
+        COUNT_FIELD_NUMBER: _ClassVar[int]
         tag: str
-        freed: int
-        def __init__(self, tag: _Optional[str] = ..., freed: _Optional[int] = ...) -> None: ...
+        count: int
+        def __init__(self, tag: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
     OPEN_FIELD_NUMBER: _ClassVar[int]
     PUBLISH_FIELD_NUMBER: _ClassVar[int]
     GET_FIELD_NUMBER: _ClassVar[int]
     CONSUME_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     SETTLE_FIELD_NUMBER: _ClassVar[int]
-    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_FIELD_NUMBER: _ClassVar[int]
     open: QueueCall.Open
     publish: QueueCall.Publish
     get: QueueCall.Get
     consume: QueueCall.Consume
     cancel: QueueCall.Cancel
     settle: QueueCall.Settle
-    credit: QueueCall.Credit
-    def __init__(self, open: _Optional[_Union[QueueCall.Open, _Mapping]] = ..., publish: _Optional[_Union[QueueCall.Publish, _Mapping]] = ..., get: _Optional[_Union[QueueCall.Get, _Mapping]] = ..., consume: _Optional[_Union[QueueCall.Consume, _Mapping]] = ..., cancel: _Optional[_Union[QueueCall.Cancel, _Mapping]] = ..., settle: _Optional[_Union[QueueCall.Settle, _Mapping]] = ..., credit: _Optional[_Union[QueueCall.Credit, _Mapping]] = ...) -> None: ...
+    prefetch: QueueCall.Prefetch
+    def __init__(self, open: _Optional[_Union[QueueCall.Open, _Mapping]] = ..., publish: _Optional[_Union[QueueCall.Publish, _Mapping]] = ..., get: _Optional[_Union[QueueCall.Get, _Mapping]] = ..., consume: _Optional[_Union[QueueCall.Consume, _Mapping]] = ..., cancel: _Optional[_Union[QueueCall.Cancel, _Mapping]] = ..., settle: _Optional[_Union[QueueCall.Settle, _Mapping]] = ..., prefetch: _Optional[_Union[QueueCall.Prefetch, _Mapping]] = ...) -> None: ...
 
 class QueueEvent(_message.Message):
     __slots__ = ("opened", "confirm", "delivery", "empty", "cancelled", "error", "consume_ok")

@@ -444,6 +444,9 @@ class Channel:
             raise error(ReplyCode.PRECONDITION_FAILED, f"prefetch count {m.prefetch_count} out of range", m)
         if m.global_:
             self.prefetch_global = m.prefetch_count
+            for consumer in self.consumers.values():   # their caps on other nodes follow
+                if consumer.queue.remote:
+                    consumer.queue.prefetch_changed(consumer)
         else:
             self.prefetch_consumer = m.prefetch_count
         self._reply(cmd.Basic.QosOk())
