@@ -66,6 +66,7 @@ class Membership:
         self.paused = False
         self.log = structlog.get_logger("haremq.cluster").bind(node=name)
         self.on_alarms: Callable[[str, frozenset], None] | None = None   # a member's alarms changed
+        self.on_removed: Callable[[str], None] | None = None   # a member says we were forgotten
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -112,6 +113,8 @@ class Membership:
                 peer.paused = reply.paused
                 peer.leader = reply.leader
                 peer.sees_down = frozenset(reply.down)
+                if reply.not_member and self.on_removed is not None:
+                    self.on_removed(peer.name)
                 self._peer_alarms(peer, frozenset(reply.alarms))
                 if not was_up:
                     self.log.info("member up", member=peer.name)

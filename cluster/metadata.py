@@ -48,6 +48,7 @@ class MetadataMachine:
         self.is_up = is_up
         self.on_home_lost = None
         self.on_forget = None       # name -> the membership stops counting that member
+        self.on_removed = None      # this node itself was forgotten
         self.recovered: dict[int, list] = {}
         self.mirroring = None       # cluster.mirroring.Mirroring
         self.log = structlog.get_logger("haremq.metadata").bind(node=node_name)
@@ -187,8 +188,8 @@ class MetadataMachine:
         which fail over; mirrors it held are placed again on the members left."""
         name = c["node"]
         if name == self.node:
-            self.log.error("this node was removed from the cluster (forget-node); "
-                           "start it on an empty data dir to join again")
+            if self.on_removed is not None:
+                self.on_removed(None)
             return {"forgotten": False}
         if self.on_forget is not None:
             self.on_forget(name)

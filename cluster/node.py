@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Callable
 
 import grpc
 import structlog
@@ -55,6 +56,9 @@ class ClusterNode:
         self.metadata.on_home_lost = self.membership.probe
         self.membership.on_alarms = broker.set_peer_alarms
         self.metadata.on_forget = self.membership.forget
+        self.metadata.on_removed = self._removed
+        self.membership.on_removed = self._removed
+        self.on_removed: Callable[[str], None] | None = None   # set by the node: stop with this reason
         self.replies = ReplyForwarder(self.membership)
         self._server: grpc.aio.Server | None = None
         self._transition: asyncio.Task | None = None
@@ -116,6 +120,14 @@ class ClusterNode:
             self._transition.cancel()
         if self._server is not None:
             await self._server.stop(grace=0.5)
+
+    def _removed(self, told_by: str | None) -> None:
+        """This node was forgotten (haremq ctl forget-node): it must not take part any more."""
+        if self.on_removed is not None:
+            reason = ("this node was removed from the cluster (haremq ctl forget-node"
+                      + (f", as {told_by} says" if told_by else "") + "); start it on an empty data dir to join again")
+            self.on_removed(reason)
+            self.on_removed = None
 
     def forward_reply(self, node: str, token: str, message) -> bool:
         """A direct reply for a requester connected to `node` (see cluster.reply_to)."""

@@ -213,6 +213,9 @@ class Raft:
         self._advance_commit()
 
     async def on_request_vote(self, request) -> pb.VoteReply:
+        if request.candidate not in self.membership.peers:
+            # a forgotten member started on its old data: its elections must not disturb ours
+            return pb.VoteReply(term=self.storage.term, granted=False)
         if request.term > self.storage.term:
             await self._step_down(request.term)
         granted = False
@@ -295,7 +298,7 @@ class Raft:
             self._notify_new_entry()     # tell the followers now, not at the next heartbeat
 
     async def on_append_entries(self, request) -> pb.AppendReply:
-        if request.term < self.storage.term:
+        if request.term < self.storage.term or request.leader not in self.membership.peers:
             return pb.AppendReply(term=self.storage.term, success=False, match_index=0)
         if request.term > self.storage.term or self.role != "follower":
             await self._step_down(request.term)

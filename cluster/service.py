@@ -19,7 +19,8 @@ class ClusterService(pbg.ClusterServicer):
     async def Ping(self, request, context):
         return pb.PingReply(node=self.node.name, leader=self.node.leader_name() or "",
                             down=self.node.membership.down_members(), alarms=sorted(self.node.broker.alarms),
-                            paused=self.node.membership.paused)
+                            paused=self.node.membership.paused,
+                            not_member=request.node not in self.node.membership.peers)
 
     async def RequestVote(self, request, context):
         return await self.node.raft.on_request_vote(request)

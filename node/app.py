@@ -57,6 +57,7 @@ class Node:
         self.resources = None
         self._stopping = False
         self._stopped = asyncio.Event()
+        self.failure: str | None = None     # why the node stopped by itself, if it did
 
     async def __aenter__(self) -> "Node":
         await self.start()
@@ -100,6 +101,7 @@ class Node:
                 tls=self.config.cluster_tls),
                 self.broker, self.amqp, self.config.data_dir)
             self.cluster.metadata.recovered = dict(self._recovered_queues)
+            self.cluster.on_removed = self.fail
             try:
                 await self.cluster.start()
             except OSError as exc:
@@ -162,6 +164,12 @@ class Node:
             probe.unlink()
         except OSError as exc:
             raise NodeError(f"data dir {path} is not writable: {exc.strerror or exc}") from None
+
+    def fail(self, reason: str) -> None:
+        """Stop by itself, for a reason the process reports as it exits (status 1)."""
+        self.log.error("node stopping: " + reason)
+        self.failure = reason
+        asyncio.ensure_future(self.stop())
 
     async def stop(self) -> None:
         if self._stopping:

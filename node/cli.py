@@ -133,6 +133,8 @@ async def _run_node(config: NodeConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(node.stop()))
     await node.wait_stopped()
+    if node.failure is not None:
+        raise NodeError(node.failure)
 
 
 def _event_loop_policy() -> None:

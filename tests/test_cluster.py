@@ -353,6 +353,16 @@ def test_forget_node_removes_a_dead_member_for_good(cluster):
     assert sorted(m["name"] for m in ctl_json(hare2, "cluster-status")["members"]) == ["hare1", "hare2"]
     _, ch2 = _chan(hare2)
     ch2.queue_declare("fg.after", durable=True)      # the two of them are a working cluster
+    # the forgotten node started again on its old data stops, saying why, and disturbs no one
+    leader = ctl_json(hare1, "cluster-status")["leader"]
+    try:
+        hare3.start()
+    except RuntimeError:
+        pass                                          # it may stop before its AMQP port opens
+    wait_until(lambda: hare3.proc.poll() is not None, timeout=20, message="the forgotten node kept running")
+    assert hare3.proc.returncode == 1
+    assert "removed from the cluster" in hare3.log_tail()
+    assert ctl_json(hare1, "cluster-status")["leader"] == leader
 
 
 def test_exclusive_consumer_conflicts_through_another_node_fail_the_consume(cluster):

@@ -35,7 +35,7 @@ class PingRequest(_message.Message):
     def __init__(self, node: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
 
 class PingReply(_message.Message):
-    __slots__ = ("node", "term", "leader", "paused", "commit_index", "down", "alarms")
+    __slots__ = ("node", "term", "leader", "paused", "commit_index", "down", "alarms", "not_member")
     NODE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class PingReply(_message.Message):
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     DOWN_FIELD_NUMBER: _ClassVar[int]
     ALARMS_FIELD_NUMBER: _ClassVar[int]
+    NOT_MEMBER_FIELD_NUMBER: _ClassVar[int]
     node: str
     term: int
     leader: str
@@ -50,7 +51,8 @@ class PingReply(_message.Message):
     commit_index: int
     down: _containers.RepeatedScalarFieldContainer[str]
     alarms: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node: _Optional[str] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., paused: bool = ..., commit_index: _Optional[int] = ..., down: _Optional[_Iterable[str]] = ..., alarms: _Optional[_Iterable[str]] = ...) -> None: ...
+    not_member: bool
+    def __init__(self, node: _Optional[str] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., paused: bool = ..., commit_index: _Optional[int] = ..., down: _Optional[_Iterable[str]] = ..., alarms: _Optional[_Iterable[str]] = ..., not_member: bool = ...) -> None: ...
 
 class VoteRequest(_message.Message):
     __slots__ = ("term", "candidate", "last_log_index", "last_log_term")
