@@ -9,8 +9,8 @@ mode is normal, confirm or tx; switching between confirm and tx is refused
 from __future__ import annotations
 
 import enum
-from typing import Callable
 from collections import defaultdict, deque
+from typing import Callable
 
 from pamqp import commands as cmd
 
@@ -25,7 +25,6 @@ from .queue import LOGGED, SAFE, Consumer, Queue, consumer_priority
 from .reply_to import REPLY_TO, REPLY_TO_PREFIX
 from .permissions import CONFIGURE, READ, WRITE
 from .vhost import server_name
-
 
 
 class Mode(enum.Enum):
