@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-
 from node.protocol.replies import AMQPError
 
 from .rpc import cluster_pb2 as pb

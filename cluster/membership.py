@@ -131,8 +131,7 @@ class Membership:
                         if other is not peer and other.probe is not None:
                             other.probe.set()
                 if not peer.is_up(time.monotonic(), self.failure_timeout):
-                    if was_up:
-                        was_up = False
+                    was_up = False
                     self._peer_alarms(peer, frozenset())     # a member that is down blocks nobody
             except asyncio.CancelledError:
                 raise

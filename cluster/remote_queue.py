@@ -119,7 +119,6 @@ class QueueLink:
                 elif kind == "error":
                     err = AMQPError(ReplyCode(event.error.code), event.error.text.split(" - ", 1)[-1])
                     channel.session.fail_channel(channel.id, err)
-                    channel.session.wakeup()
         except grpc.aio.AioRpcError as exc:
             if not self.closed and not channel.closed:
                 structlog.get_logger("haremq.cluster").warning(
@@ -443,7 +442,6 @@ class RemoteQueue:
                 self._parked.remove(parked)
                 if not channel.closed:
                     channel.session.fail_channel(channel.id, err)
-                    channel.session.wakeup()
         asyncio.get_running_loop().call_later(PARK_TIMEOUT, give_up)
 
     def rehome(self, home: str, epoch: int) -> None:

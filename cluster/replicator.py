@@ -62,7 +62,6 @@ class Replicator:
         self.log: list = []               # ops not yet sent on every open stream
         self.log_start = 1                # sequence of log[0]
         self.live: dict[int, object] = {}  # key (entry.seq) -> Entry, in enqueue order
-        self.delivered: set[int] = set()
         self.links: dict[str, MirrorLink] = {}
         self.waiting: deque = deque()     # (seq, fn, args, since): confirms waiting for mirrors
         self.closed = False
@@ -75,7 +74,6 @@ class Replicator:
         self.queue = queue
         for entry in sorted((*queue.ready, *queue.outstanding.values()), key=lambda e: e.seq):
             self.live[entry.seq] = entry
-        self.delivered.update(queue.outstanding)    # a promoted mirror redelivers these
         self.set_mirrors(self.state.mirrors, initial=promoted or not self.live)
 
     def set_mirrors(self, nodes: list[str], initial: bool = False) -> None:
@@ -120,29 +118,27 @@ class Replicator:
         self._push(enqueue_op(entry, entry.redelivered))
 
     def deliver(self, entry) -> None:
-        self.delivered.add(entry.seq)
         self._push_keys(DELIVER, [entry.seq])
 
     def remove(self, entries) -> None:
-        keys = []
-        live, delivered = self.live, self.delivered
-        for entry in entries:
-            if live.pop(entry.seq, None) is not None:
-                keys.append(entry.seq)
-                delivered.discard(entry.seq)
+        live = self.live
+        keys = [entry.seq for entry in entries if live.pop(entry.seq, None) is not None]
         if keys:
             self._push_keys(REMOVE, keys)
 
     def requeue(self, entries) -> None:
         keys = [e.seq for e in entries if e.seq in self.live]
-        self.delivered.difference_update(keys)
         if keys:
             self._push_keys(REQUEUE, keys)
 
     def snapshot(self) -> list:
-        """The queue's contents now, oldest first, each flagged if it was ever delivered."""
-        delivered = self.delivered
-        return [(e, e.redelivered or e.seq in delivered) for e in self.live.values()]
+        """The queue's contents now, oldest first, each flagged if it was ever delivered (a
+        promoted mirror redelivers those): requeued ones say so, unacked ones are outstanding."""
+        outstanding = self.queue.outstanding
+        return [(e, e.redelivered or e.seq in outstanding) for e in self.live.values()]
+
+    def _too_few_copies(self) -> bool:
+        return len(self.state.synced) < self.state.min_in_sync
 
     def trim(self) -> None:
         streaming = [link.sent_upto for link in self.links.values() if link.streaming]
@@ -171,7 +167,7 @@ class Replicator:
         return upto
 
     def when_replicated(self, seq: int, ok: bool, fn, args) -> None:
-        if not ok or self.closed or len(self.state.synced) < self.state.min_in_sync:
+        if not ok or self.closed or self._too_few_copies():
             fn(False, *args)      # too few copies for the policy: nacked rather than confirmed
         elif not self.waiting and self.safe_upto() >= seq:
             fn(True, *args)
@@ -186,7 +182,7 @@ class Replicator:
         waiting = self.waiting
         if not waiting:
             return
-        if len(self.state.synced) < self.state.min_in_sync:
+        if self._too_few_copies():
             self.waiting = deque()
             for _seq, fn, args, _since in waiting:
                 fn(False, *args)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-
 from .control import ControlError
 from .mirror import serve_mirror
 from .queue_service import serve_link
@@ -41,12 +40,8 @@ class ClusterService(pbg.ClusterServicer):
 
     async def Replies(self, request, context):
         broker = self.node.broker
-        delivered = 0
-        for reply in request.replies:
-            channel = broker.reply_to_channel(reply.token)
-            if channel is not None:
-                channel.deliver_reply(message_from_pb(reply.message))
-                delivered += 1
+        delivered = sum(broker.deliver_reply_here(reply.token, message_from_pb(reply.message))
+                        for reply in request.replies)
         return pb.RepliesAck(delivered=delivered)
 
     async def Control(self, request, context):

@@ -107,6 +107,11 @@ def ctl_json(member, *args):
     return json.loads(r.stdout)
 
 
+def queue_row(member, name):
+    """The `list-queues` row of a queue, as `member` sees it (None if it has none)."""
+    return next((r for r in ctl_json(member, "list-queues") if r["name"] == name), None)
+
+
 def launch(members):
     """Start every member at once (each serves AMQP only once it sees a majority) and wait for all."""
     for m in members:

@@ -19,7 +19,7 @@ from collections import Counter
 import pika
 import pytest
 
-from tests.clusters import ctl, ctl_json, proxied_cluster
+from tests.clusters import ctl, proxied_cluster, queue_row
 from tests.conftest import IS_REF, wait_until
 
 pytestmark = [pytest.mark.skipif(IS_REF, reason="kills cluster node processes"), pytest.mark.chaos]
@@ -120,7 +120,7 @@ def _close(conn) -> None:
 
 def _row(member):
     try:
-        return next((r for r in ctl_json(member, "list-queues") if r["name"] == QUEUE), None)
+        return queue_row(member, QUEUE)
     except Exception:  # noqa: BLE001 - that node is paused or down
         return None
 

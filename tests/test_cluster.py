@@ -13,7 +13,7 @@ import grpc
 import pika
 import pytest
 
-from tests.clusters import SECRET, ClusterMember, ctl, ctl_json, launch, proxied_cluster
+from tests.clusters import SECRET, ClusterMember, ctl, ctl_json, launch, proxied_cluster, queue_row
 from tests.conftest import IS_REF, free_port, port_open, wait_until
 
 pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
@@ -147,6 +147,13 @@ def _chan(member, confirm=False, prefetch=None):
     return c, ch
 
 
+def _pump(connection, seconds):
+    """Let a blocking connection take deliveries for `seconds`: for checks that nothing more comes."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        connection.process_data_events(0.05)
+
+
 def test_queue_on_one_node_used_through_the_others(cluster):
     members, _ = cluster
     hare1, hare2, hare3 = members
@@ -194,9 +201,7 @@ def test_global_prefetch_caps_a_channel_consuming_queues_homed_elsewhere(cluster
     got = []
     ch.basic_consume("qos.on.hare1", lambda _c, m, _p, b: got.append((m.consumer_tag, m.delivery_tag)))
     tag3 = ch.basic_consume("qos.on.hare3", lambda _c, m, _p, b: got.append((m.consumer_tag, m.delivery_tag)))
-    deadline = time.monotonic() + 1.5
-    while time.monotonic() < deadline:
-        c.process_data_events(0.1)
+    _pump(c, 1.5)
     assert len(got) == 6, f"{len(got)} unacked deliveries under a global prefetch of 6"
     ch.basic_ack(got[1][1])                        # one place frees one delivery
     c.process_data_events(0.5)
@@ -307,10 +312,6 @@ def test_queue_delete_conditions_through_another_node(cluster):
         assert not any(r["name"] == "del.remote" for r in ctl_json(member, "list-queues")), member.name
 
 
-def _queue_row(member, name):
-    return next((r for r in ctl_json(member, "list-queues") if r["name"] == name), None)
-
-
 def test_forget_node_removes_a_dead_member_for_good(cluster):
     # ctl forget-node: refused for a member that is up; for a dead one, every member (and one
     # that restarts later) forgets it, and its unmirrored queues go, as in RabbitMQ
@@ -325,7 +326,7 @@ def test_forget_node_removes_a_dead_member_for_good(cluster):
             "--apply-to", "queues")
     assert r.returncode == 0, r.stderr
     ch3.queue_declare("fg.ha", durable=True)
-    wait_until(lambda: sorted((_queue_row(hare1, "fg.ha") or {}).get("synchronised_mirrors") or [])
+    wait_until(lambda: sorted((queue_row(hare1, "fg.ha") or {}).get("synchronised_mirrors") or [])
                == ["hare1", "hare2"], timeout=10)
     for i in range(3):
         ch3.basic_publish("", "fg.ha", str(i).encode(), properties=pika.BasicProperties(delivery_mode=2))
@@ -344,7 +345,7 @@ def test_forget_node_removes_a_dead_member_for_good(cluster):
         assert not any(q["name"] == "fg.plain" for q in ctl_json(member, "list-queues")), member.name
     # the mirrored one failed over, and its mirrors are placed on the two left
     row = wait_until(lambda: (lambda r: r if r and r["master"] != "hare3" and "hare3" not in (r["mirrors"] or [])
-                              else None)(_queue_row(hare1, "fg.ha")), timeout=15)
+                              else None)(queue_row(hare1, "fg.ha")), timeout=15)
     assert sorted([row["master"], *row["mirrors"]]) == ["hare1", "hare2"]
     assert ch_for(row["master"]).queue_declare("fg.ha", passive=True).method.message_count == 3
     hare2.kill9()
@@ -399,15 +400,10 @@ def test_raising_a_global_prefetch_reaches_consumers_of_queues_homed_elsewhere(c
     ch.basic_qos(prefetch_count=2, global_qos=True)
     got = []
     ch.basic_consume("qos.raise", lambda _c, m, _p, b: got.append(b))
-
-    def settle(seconds):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            c.process_data_events(0.05)
-    settle(0.8)
+    _pump(c, 0.8)
     assert len(got) == 2
     ch.basic_qos(prefetch_count=5, global_qos=True)
-    settle(0.8)
+    _pump(c, 0.8)
     assert len(got) == 5
     c.close()
 

@@ -12,7 +12,7 @@ import grpc
 import pika
 import pytest
 
-from tests.clusters import SECRET, ctl, ctl_json, proxied_cluster
+from tests.clusters import SECRET, ctl, ctl_json, proxied_cluster, queue_row
 from tests.conftest import IS_REF, wait_until
 
 pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
@@ -49,19 +49,12 @@ def _policy(member, pattern, definition, name="ha"):
     assert r.returncode == 0, r.stderr
 
 
-def _row(member, name):
-    for row in ctl_json(member, "list-queues"):
-        if row["name"] == name:
-            return row
-    return None
-
-
 def _synced(member, name, mirrors):
     """Wait until the queue's synchronised mirrors are exactly `mirrors`; the row."""
     seen = []
 
     def check():
-        row = _row(member, name)
+        row = queue_row(member, name)
         seen[:] = [row]
         return row if row and sorted(row["synchronised_mirrors"] or []) == sorted(mirrors) else None
     try:
@@ -113,9 +106,9 @@ def test_ha_modes_place_mirrors(cluster):
     assert _synced(hare1, "all.q", ["hare2", "hare3"])["mirrors"] == ["hare2", "hare3"]
     assert _synced(hare1, "two.q", ["hare2"])["mirrors"] == ["hare2"]
     assert _synced(hare1, "named.q", ["hare3"])["mirrors"] == ["hare3"]
-    plain = _row(hare1, "plain.q")
+    plain = queue_row(hare1, "plain.q")
     assert plain["mirrors"] == [] and plain["epoch"] is None
-    row = _row(members[2], "all.q")     # any node lists the same master, epoch and mirrors
+    row = queue_row(members[2], "all.q")     # any node lists the same master, epoch and mirrors
     assert row["node"] == "hare1" and row["master"] == "hare1" and row["epoch"] == 1
 
 
@@ -127,15 +120,15 @@ def test_policy_change_re_places_mirrors_live(cluster):
     for i in range(50):
         ch.basic_publish("", "live.q", str(i).encode(), PERSISTENT)
     c.close()
-    assert _row(hare1, "live.q")["mirrors"] == []
+    assert queue_row(hare1, "live.q")["mirrors"] == []
     _policy(hare1, r"^live\.", {"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"})
     _synced(hare1, "live.q", ["hare2"])
     _policy(hare1, r"^live\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     _synced(hare1, "live.q", ["hare2", "hare3"])
     r = ctl(hare1, "clear-policy", "ha")
     assert r.returncode == 0, r.stderr
-    wait_until(lambda: _row(hare1, "live.q")["mirrors"] == [], timeout=10)
-    assert _row(hare1, "live.q")["messages"] == 50
+    wait_until(lambda: queue_row(hare1, "live.q")["mirrors"] == [], timeout=10)
+    assert queue_row(hare1, "live.q")["messages"] == 50
 
 
 def test_bad_ha_policies_are_refused(cluster):
@@ -173,7 +166,7 @@ def test_failover_keeps_every_confirmed_message_and_redelivers_unacked(cluster):
         except pika.exceptions.NackError:
             assert time.monotonic() < deadline, "publishes were still nacked 10 s after the kill"
             time.sleep(0.05)
-    row = wait_until(lambda: (lambda r: r if r and r["master"] != "hare1" else None)(_row(hare2, "ha.fail")),
+    row = wait_until(lambda: (lambda r: r if r and r["master"] != "hare1" else None)(queue_row(hare2, "ha.fail")),
                      timeout=10)
     assert row["epoch"] == 2 and row["master"] == oldest        # the oldest in-sync mirror
     cc.close()
@@ -200,7 +193,7 @@ def test_messages_unacked_when_mirroring_starts_survive_a_failover(cluster):
     _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     _synced(hare2, "ha.late", ["hare2", "hare3"])
     hare1.kill9()                                  # the consumer's node: its deliveries go back
-    row = wait_until(lambda: (lambda r: r if r and r["master"] != "hare1" else None)(_row(hare2, "ha.late")),
+    row = wait_until(lambda: (lambda r: r if r and r["master"] != "hare1" else None)(queue_row(hare2, "ha.late")),
                      timeout=10)
     master = hare2 if row["master"] == "hare2" else hare3
     got = _drain(master, "ha.late")
@@ -222,7 +215,7 @@ def test_consumers_on_survivors_keep_consuming_or_get_cancel(cluster):
     stay_c.process_data_events(0.2)
     leave_c.process_data_events(0.2)
     hare1.kill9()
-    wait_until(lambda: (lambda r: r and r["master"] != "hare1")(_row(hare2, "ha.consume")), timeout=10)
+    wait_until(lambda: (lambda r: r and r["master"] != "hare1")(queue_row(hare2, "ha.consume")), timeout=10)
     wait_until(lambda: leave_c.process_data_events(0.05) or cancelled == ["bye"], timeout=10)
     pc, pub = _chan(hare2, confirm=True)
     for i in range(20):
@@ -248,7 +241,7 @@ def test_confirm_waits_for_a_stopped_mirror_until_it_is_dropped(cluster):
         # held back while hare3 was in the in-sync set (until gRPC keepalive or the 3 s failure
         # timeout gives up on it), released once the log has dropped it
         assert waited >= 1.0, f"confirmed after {waited:.2f} s: did not wait for the stopped mirror"
-        row = _row(hare1, "ha.stop")
+        row = queue_row(hare1, "ha.stop")
         assert row["synchronised_mirrors"] == ["hare2"]
     finally:
         os.killpg(hare3.proc.pid, signal.SIGCONT)
@@ -272,10 +265,10 @@ def test_no_synchronised_mirror_means_the_queue_waits_for_its_master(cluster):
     c.close()
     time.sleep(1.0)
     # (messages published after it came back are on it; the ones before would not be)
-    assert _row(hare1, "ha.manual")["synchronised_mirrors"] in ([], ["hare2"])
+    assert queue_row(hare1, "ha.manual")["synchronised_mirrors"] in ([], ["hare2"])
     hare1.kill9()
     time.sleep(3)
-    row = _row(hare3, "ha.manual")
+    row = queue_row(hare3, "ha.manual")
     if row["synchronised_mirrors"] == []:
         assert row["master"] == "hare1" and row["state"] == "down"
     hare1.start(timeout=60)
@@ -296,14 +289,14 @@ def test_manual_sync_with_ctl_sync_queue(cluster):
     _restart(hare2)                          # back empty; manual sync leaves it so
     _synced(hare1, "ha.sync", [])
     time.sleep(1.0)
-    assert _row(hare1, "ha.sync")["synchronised_mirrors"] == []
+    assert queue_row(hare1, "ha.sync")["synchronised_mirrors"] == []
     r = ctl(members[2], "sync-queue", "ha.sync")         # asked through any node
     assert r.returncode == 0, r.stderr
     _synced(hare1, "ha.sync", ["hare2"])
     bad = ctl(hare1, "sync-queue", "no.such.queue")
     assert bad.returncode == 1 and "no mirrored queue" in bad.stderr
     hare1.kill9()                        # now hare2 may be promoted: it has them all
-    wait_until(lambda: (lambda r: r and r["master"] == "hare2")(_row(hare2, "ha.sync")), timeout=10)
+    wait_until(lambda: (lambda r: r and r["master"] == "hare2")(queue_row(hare2, "ha.sync")), timeout=10)
     assert len(_drain(hare2, "ha.sync")) == 1000
 
 
@@ -366,9 +359,9 @@ def test_deposed_master_rejoins_as_a_mirror_and_drops_its_copy(cluster):
     c.close()
     hare1.kill9()
     new = wait_until(lambda: (lambda r: r["master"] if r and r["master"] != "hare1" else None)(
-        _row(hare2, "ha.fence")), timeout=10)
+        queue_row(hare2, "ha.fence")), timeout=10)
     master = hare2 if new == "hare2" else hare3
-    wait_until(lambda: (lambda r: r and r["master"] == new)(_row(master, "ha.fence")), timeout=10)
+    wait_until(lambda: (lambda r: r and r["master"] == new)(queue_row(master, "ha.fence")), timeout=10)
     got = _drain(master, "ha.fence", limit=60)  # consume 60 on the new master
     assert len(got) == 60
     hare1.start(timeout=60)                    # it had all 100 on disk; the new master has 40
@@ -382,14 +375,14 @@ def test_partitioned_master_is_fenced_and_nothing_confirmed_is_lost(cluster):
     members, partition = cluster
     hare1, hare2, hare3 = members
     _mirrored_on_all(hare1, "ha.split", via=hare2)
-    assert _row(hare2, "ha.split")["master"] == "hare1"
+    assert queue_row(hare2, "ha.split")["master"] == "hare1"
     confirmed = []
     pc, pub = _chan(hare2, confirm=True)
     for i in range(50):
         pub.basic_publish("", "ha.split", str(i).encode(), PERSISTENT)
         confirmed.append(str(i).encode())
     partition["cut"]()                  # hare1 alone: it pauses; hare2/3 promote a mirror
-    wait_until(lambda: (lambda r: r and r["master"] in ("hare2", "hare3"))(_row(hare2, "ha.split")), timeout=15)
+    wait_until(lambda: (lambda r: r and r["master"] in ("hare2", "hare3"))(queue_row(hare2, "ha.split")), timeout=15)
     deadline = time.monotonic() + 10
     for i in range(50, 100):
         while True:
@@ -401,7 +394,7 @@ def test_partitioned_master_is_fenced_and_nothing_confirmed_is_lost(cluster):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
     partition["heal"]()
-    row = _synced(hare2, "ha.split", ["hare1", "hare3"] if _row(hare2, "ha.split")["master"] == "hare2"
+    row = _synced(hare2, "ha.split", ["hare1", "hare3"] if queue_row(hare2, "ha.split")["master"] == "hare2"
                   else ["hare1", "hare2"])
     assert row["epoch"] >= 2
     got = [b for b, _r in _drain(hare3, "ha.split")]
@@ -427,7 +420,7 @@ def test_a_stale_epoch_is_refused_by_a_mirror(cluster):
                                    snapshot_done=True)
             replies = list(stub.Mirror(iter([batch]), metadata=md, timeout=5))
             assert len(replies) == 1 and "stale epoch" in replies[0].error
-    assert sorted(_row(hare1, "ha.epoch")["synchronised_mirrors"]) == ["hare2", "hare3"]
+    assert sorted(queue_row(hare1, "ha.epoch")["synchronised_mirrors"]) == ["hare2", "hare3"]
 
 
 # ---- queue features across a failover (PUB-4) and cluster-wide alarms (ERR-4) ---------------------
@@ -463,7 +456,7 @@ def test_queue_features_survive_a_failover(cluster):
     ch.basic_publish("", "ha.limit", b"poison", PERSISTENT)
     c.close()
     hare1.kill9()
-    wait_until(lambda: all((lambda r: r and r["master"] != "hare1")(_row(hare2, q)) for q in queues), timeout=15)
+    wait_until(lambda: all((lambda r: r and r["master"] != "hare1")(queue_row(hare2, q)) for q in queues), timeout=15)
     # max-length kept the newest 3; priorities still order deliveries
     assert [b for b, _r in _drain(hare3, "ha.maxlen")] == [b"2", b"3", b"4"]
     assert [b for b, _r in _drain(hare3, "ha.prio")] == [b"4", b"3", b"2", b"1", b"0"]
@@ -474,7 +467,7 @@ def test_queue_features_survive_a_failover(cluster):
     for i in range(5, 10):
         ch.basic_publish("", "ha.maxlen", str(i).encode(), PERSISTENT)
     c.close()
-    assert _row(hare2, "ha.maxlen")["messages"] == 3
+    assert queue_row(hare2, "ha.maxlen")["messages"] == 3
     # the delivery limit: rejected with requeue twice, then dead-lettered
     c, ch = _chan(hare3)
     for _ in range(2):
@@ -501,9 +494,9 @@ def test_a_ttl_deadline_holds_across_a_failover(cluster):
     c.close()
     time.sleep(2.5)
     hare1.kill9()
-    wait_until(lambda: (lambda r: r and r["master"] != "hare1")(_row(hare2, "ha.deadline")), timeout=10)
-    assert _row(hare2, "ha.dead")["messages"] == 0          # nothing before its time
-    wait_until(lambda: _row(hare2, "ha.dead")["messages"] == 2, timeout=10)
+    wait_until(lambda: (lambda r: r and r["master"] != "hare1")(queue_row(hare2, "ha.deadline")), timeout=10)
+    assert queue_row(hare2, "ha.dead")["messages"] == 0          # nothing before its time
+    wait_until(lambda: queue_row(hare2, "ha.dead")["messages"] == 2, timeout=10)
     expired_after = time.monotonic() - published
     assert expired_after < 8.0, f"dead-lettered {expired_after:.1f} s after publishing: the TTL restarted"
     assert sorted(b for b, _r in _drain(hare2, "ha.dead")) == [b"own expiration", b"per-queue ttl"]
@@ -568,7 +561,7 @@ def test_promote_on_shutdown_always_promotes_an_unsynchronised_mirror(cluster):
     c.close()
     time.sleep(0.5)
     assert hare1.stop() == 0
-    row = wait_until(lambda: (lambda r: r if r and r["master"] == "hare2" else None)(_row(hare2, "ha.shutdown")),
+    row = wait_until(lambda: (lambda r: r if r and r["master"] == "hare2" else None)(queue_row(hare2, "ha.shutdown")),
                      timeout=15)
     assert row["epoch"] == 2
     assert [b for b, _r in _drain(hare2, "ha.shutdown")] == [b"new"]   # what the mirror had
@@ -598,9 +591,9 @@ def test_tx_commit_waits_for_the_mirrors(cluster):
     c.close()
     hare1.kill9()       # hare3 may still be resyncing: it must not be promoted unless in sync
     new = wait_until(lambda: (lambda r: r["master"] if r and r["master"] != "hare1" else None)(
-        _row(hare2, "ha.tx")), timeout=10)
+        queue_row(hare2, "ha.tx")), timeout=10)
     master = hare2 if new == "hare2" else hare3
-    wait_until(lambda: (lambda r: r and r["master"] == new)(_row(master, "ha.tx")), timeout=10)
+    wait_until(lambda: (lambda r: r and r["master"] == new)(queue_row(master, "ha.tx")), timeout=10)
     assert [b for b, _r in _drain(master, "ha.tx")] == [b"in a transaction"]
 
 
@@ -659,7 +652,7 @@ def test_too_few_synchronised_mirrors_for_the_policy_means_nacks(cluster):
     try:
         with pytest.raises(pika.exceptions.NackError):
             pub.basic_publish("", "ha.min", b"while alone", PERSISTENT)
-        assert _row(hare1, "ha.min")["synchronised_mirrors"] == []
+        assert queue_row(hare1, "ha.min")["synchronised_mirrors"] == []
     finally:
         os.killpg(hare2.proc.pid, signal.SIGCONT)
     _synced(hare1, "ha.min", ["hare2"])
@@ -686,7 +679,7 @@ def test_single_active_consumer_holds_across_a_failover(cluster):
         conn.process_data_events(0.2)
         conns.append(conn)
     hare1.kill9()
-    wait_until(lambda: all((lambda r: r and r["master"] != "hare1")(_row(m, "ha.sac")) for m in (hare2, hare3)),
+    wait_until(lambda: all((lambda r: r and r["master"] != "hare1")(queue_row(m, "ha.sac")) for m in (hare2, hare3)),
                timeout=10)
     pc, pub = _chan(hare2, confirm=True)
     for i in range(20):
@@ -714,7 +707,7 @@ def test_expiry_with_a_consumer_and_dead_letter_cycles_after_a_failover(cluster)
     for q in ("ha.cycle", "ha.ttl.busy"):
         _synced(hare1, q, ["hare2", "hare3"])
     hare1.kill9()
-    wait_until(lambda: all((lambda r: r and r["master"] != "hare1")(_row(m, q))
+    wait_until(lambda: all((lambda r: r and r["master"] != "hare1")(queue_row(m, q))
                            for m in (hare2, hare3) for q in ("ha.cycle", "ha.ttl.busy")), timeout=10)
     cc, cons = _chan(hare3)
     cons.basic_qos(prefetch_count=1)
@@ -728,7 +721,7 @@ def test_expiry_with_a_consumer_and_dead_letter_cycles_after_a_failover(cluster)
     time.sleep(1.0)
     cc.process_data_events(0.1)
     assert held == [b"taken"]
-    assert _row(hare2, "ha.ttl.busy")["messages"] == 0       # the second expired under the consumer
-    assert _row(hare2, "ha.cycle")["messages"] == 0          # and the cycle was dropped, not looped
+    assert queue_row(hare2, "ha.ttl.busy")["messages"] == 0       # the second expired under the consumer
+    assert queue_row(hare2, "ha.cycle")["messages"] == 0          # and the cycle was dropped, not looped
     for conn in (pc, cc):
         conn.close()

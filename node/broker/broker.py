@@ -216,6 +216,11 @@ class Broker(Persistence):
             self._alarms_changed(f"{sorted(names) or 'none'} on {node}")
 
     @property
+    def blocking(self) -> bool:
+        """An alarm is in force here or (clustered) on another member: publishers are blocked."""
+        return self._blocking
+
+    @property
     def alarms_in_force(self) -> set[str]:
         found = set(self.alarms)
         for names in self.peer_alarms.values():
@@ -276,15 +281,18 @@ class Broker(Persistence):
     def unregister_reply_to(self, token: str) -> None:
         self._reply_to.pop(token, None)
 
-    def reply_to_channel(self, routing_key: str):
-        return self._reply_to.get(routing_key)
+    def deliver_reply_here(self, routing_key: str, message) -> bool:
+        """A direct reply for a requester connected to this node; False if there is none."""
+        channel = self._reply_to.get(routing_key)
+        if channel is None:
+            return False
+        channel.deliver_reply(message)
+        return True
 
     def deliver_reply(self, routing_key: str, message) -> bool:
         """A direct reply: to the requesting channel, on this node or (clustered) on the node
         its token names. False if there is no such channel to send it to."""
-        channel = self._reply_to.get(routing_key)
-        if channel is not None:
-            channel.deliver_reply(message)
+        if self.deliver_reply_here(routing_key, message):
             return True
         node = token_node(routing_key)
         if self.cluster is None or node is None or node == self.node_name:

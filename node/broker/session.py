@@ -166,7 +166,7 @@ class Session:
             channel.publish(event.publish, event.props_raw, event.body)
             if not self.publisher:
                 self.publisher = True
-                if self.broker.alarms_in_force:
+                if self.broker.blocking:
                     self.block()
             if channel.confirms is not None and channel.confirms.ready:
                 self._confirm_channels.add(channel)
