@@ -37,9 +37,10 @@ test-core: $(VENV)/.installed $(HELM_BIN)
 	HELM=$(abspath $(HELM_BIN)) $(PY) -m pytest -n 2 -p no:cacheprovider -m "not spark" $(PYTEST_ARGS) tests
 
 # The Spark pipeline tests share one local Spark session per module: not under xdist.
-# They skip themselves when Java or pyspark is missing.
+# They skip themselves when Java or pyspark is missing. Spark's Python workers run the venv's
+# python, never `python3` from PATH (which need not have HareMQ's dependencies).
 test-spark: $(VENV)/.installed
-	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest -p no:xdist -p no:cacheprovider -m spark $(PYTEST_ARGS) \
+	SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -p no:xdist -p no:cacheprovider -m spark $(PYTEST_ARGS) \
 		tests/test_pipeline_spark.py
 
 clean:

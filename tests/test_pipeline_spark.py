@@ -108,8 +108,11 @@ def spark():
     from pyspark.sql import SparkSession
 
     from pipeline import register
+    from pipeline.session import use_this_python
 
-    session = (SparkSession.builder.master("local[2]").appName("haremq-pipeline-tests")
+    # The workers run this interpreter (the one with pika), never `python3` from PATH.
+    builder = use_this_python(SparkSession.builder, sys.executable)
+    session = (builder.master("local[2]").appName("haremq-pipeline-tests")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     session.sparkContext.setLogLevel("ERROR")

@@ -55,7 +55,9 @@ def main(argv=None) -> int:
     from pipeline import register
     from pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris
 
-    spark = (SparkSession.builder.master(a.master).appName("haremq-throughput")
+    from pipeline.session import use_this_python
+
+    spark = (use_this_python(SparkSession.builder).master(a.master).appName("haremq-throughput")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")

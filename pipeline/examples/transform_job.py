@@ -52,10 +52,12 @@ def main(argv=None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    from pipeline.session import use_this_python
+
     builder = (SparkSession.builder.appName("haremq-transform")
                .config("spark.ui.showConsoleProgress", "false"))
     if a.master or "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
-        builder = builder.master(a.master or "local[2]")
+        builder = use_this_python(builder.master(a.master or "local[2]"))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     query = build(spark, a.uri, a.source, a.target, a.checkpoint, a.max_rows)
