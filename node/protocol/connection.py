@@ -318,13 +318,16 @@ class AMQPConnection:
 
     # ---- channels -----------------------------------------------------------
     def _on_unopened_channel(self, channel: int, ftype: int, payload: bytes, out: list) -> None:
+        # channel_max is a count of open channels, not the highest id: as in RabbitMQ, any id up
+        # to 65535 may be opened (aiormq picks 65535 first) while fewer than channel_max are open
+        if self.channel_max and len(self._channels) >= self.channel_max:
+            raise AMQPError(ReplyCode.NOT_ALLOWED,
+                            f"number of channels opened ({len(self._channels)}) has reached the "
+                            f"negotiated channel_max ({self.channel_max})")
         method = decode_method(payload) if ftype == FRAME_METHOD else None
         if not isinstance(method, Ch.Open):
             index = getattr(method, "index", 0)
             raise AMQPError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", index >> 16, index & 0xFFFF)
-        if channel > self.channel_max:
-            raise AMQPError(ReplyCode.CHANNEL_ERROR,
-                            f"channel {channel} exceeds negotiated channel_max {self.channel_max}")
         self._channels[channel] = ChannelState.OPEN
         self.send_method(channel, Ch.OpenOk())
         out.append(ev.ChannelOpened(channel))
