@@ -260,3 +260,31 @@ def test_exchange_unbind_from_the_default_exchange_is_403(node):
     assert (close.reply_code, close.reply_text) == (
         403, "ACCESS_REFUSED - operation not permitted on the default exchange")
 
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if IS_REF:
+        pytest.skip("starts cluster node processes")
+    from tests.clusters import proxied_cluster
+    members, partition = proxied_cluster(tmp_path_factory.mktemp("cluster"))
+    yield members
+    for m in members:
+        m.kill9()
+    partition["close"]()
+
+
+@pytest.mark.parametrize("home", ["hare1", "hare2"])
+def test_queue_delete_ok_before_cancel_in_a_cluster(cluster, home):
+    # the channel is on hare1; the queue lives on `home` (through a link when it is hare2)
+    members = {m.name: m for m in cluster}
+    q = unique_name("cdel")
+    d = raw_socket(members[home])
+    d.open_channel(1)
+    d.rpc(spec.Queue.Declare(queue=q, durable=False, auto_delete=False), 1, spec.Queue.DeclareOk)
+    c = raw_socket(members["hare1"])
+    c.open_channel(1)
+    c.rpc(spec.Basic.Consume(queue=q, consumer_tag="ct-1"), 1, spec.Basic.ConsumeOk)
+    c.send_frame(spec.Queue.Delete(queue=q), 1)
+    c.expect(spec.Queue.DeleteOk, 1, timeout=15)
+    assert c.expect(spec.Basic.Cancel, 1, timeout=15).consumer_tag == "ct-1"
