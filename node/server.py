@@ -5,6 +5,14 @@ time. It moves bytes between a socket and a `Session`, applies TCP back
 pressure in both directions (a client that does not read is neither written
 to nor read from until its socket drains), and runs the heartbeat and
 handshake timers.
+
+Closing is graceful in both directions, as RabbitMQ's is: after a
+connection.close the socket stays open until close-ok (or a timeout); once
+the last frame is written the server half-closes (FIN) and keeps reading and
+discarding until the client closes its end. A socket closed with unread
+client bytes in it would be reset, and a client still writing (amqplib
+flushing publishes behind its close) or about to read the close (rabbitpy
+after a refused login) would see `Connection reset by peer` instead.
 """
 from __future__ import annotations
 
@@ -16,7 +24,9 @@ from .protocol.connection import State
 from .protocol.replies import AMQPError, ReplyCode
 
 HANDSHAKE_TIMEOUT = 10.0
-CLOSE_OK_TIMEOUT = 3.0
+CLOSE_OK_TIMEOUT = 3.0       # we sent connection.close: how long to wait for close-ok
+PEER_CLOSE_TIMEOUT = 30.0    # the client sent connection.close: how long its held channels may take
+LINGER_TIMEOUT = 30.0        # after our FIN: how long the client has to close its end (RabbitMQ: 30 s)
 WRITE_HIGH_WATER = 4 << 20
 WRITE_LOW_WATER = 1 << 20
 
@@ -32,6 +42,7 @@ class AMQPProtocol(asyncio.Protocol):
         self._flush_handle: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._close_timer: asyncio.TimerHandle | None = None
+        self.lingering = False       # all said and half-closed: reading only to discard
 
     # ---- transport callbacks -------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -50,6 +61,8 @@ class AMQPProtocol(asyncio.Protocol):
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_deadline)
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return
         self.last_received = self.loop.time()
         was_open = self.session.conn.state is State.OPEN
         self.session.receive_data(data)
@@ -60,7 +73,8 @@ class AMQPProtocol(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.paused = True
         self.session.writable = False
-        self.transport.pause_reading()
+        if not self.lingering:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.paused = False
@@ -71,7 +85,7 @@ class AMQPProtocol(asyncio.Protocol):
         self._flush()
 
     def _set_reading(self, on: bool) -> None:
-        if self.transport is None or self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing() or self.lingering:
             return
         if on and not self.paused:
             self.transport.resume_reading()
@@ -98,7 +112,7 @@ class AMQPProtocol(asyncio.Protocol):
 
     def _write_out(self) -> None:
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self.lingering:
             return
         if not self.session.output_ready(self._schedule_flush):
             return
@@ -112,24 +126,51 @@ class AMQPProtocol(asyncio.Protocol):
             self._flush_handle.cancel()
             self._flush_handle = None
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self.lingering:
             return
         self._write_out()
         state = self.session.conn.state
         if state is State.CLOSED:
-            transport.close()
+            self._linger()
             return
         if state is State.CLOSING and self._close_timer is None:
-            self._close_timer = self.loop.call_later(CLOSE_OK_TIMEOUT, transport.abort)
+            self._close_timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._linger)
+        if state is State.CLOSE_RECEIVED and self._close_timer is None:
+            self._close_timer = self.loop.call_later(PEER_CLOSE_TIMEOUT, self._peer_close_deadline)
         if not self.paused:
             self.session.drained()
 
+    def _peer_close_deadline(self) -> None:
+        self._close_timer = None
+        self.session.log.warning("channels still busy after the client's connection.close; closing")
+        self.session.finish_peer_close(force=True)
+        self._flush()
+
+    def _linger(self) -> None:
+        """Nothing more to say: write what is left, half-close, and read (discarding) until the
+        client closes its end, so the socket is never reset under bytes the client sent."""
+        transport = self.transport
+        if transport is None or transport.is_closing() or self.lingering:
+            return
+        self.lingering = True
+        if not self.session.closed:
+            self.session.teardown()
+        for handle in (self._timer, self._close_timer):
+            if handle is not None:
+                handle.cancel()
+        if not transport.can_write_eof():      # TLS: close_notify, then the socket
+            transport.close()
+            return
+        transport.write_eof()
+        transport.resume_reading()
+        self._close_timer = self.loop.call_later(LINGER_TIMEOUT, transport.close)
+
     def force_close(self, err: AMQPError) -> None:
         """Close from the server side (shutdown, pause-minority): connection.close, then the socket."""
-        if self.session.conn.state is State.OPEN:
+        if self.session.conn.state in (State.OPEN, State.CLOSE_RECEIVED):
             self.session.close(err)
             self._flush()
-        elif self.transport is not None:
+        elif self.transport is not None and not self.lingering:
             self.transport.close()
 
     # ---- timers -----------------------------------------------------------------------------

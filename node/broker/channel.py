@@ -71,6 +71,7 @@ class Channel:
         self.held = False                 # waiting for durability: later frames wait in backlog
         self.backlog: deque = deque()
         self.parked: deque = deque()      # (consumer, entry) pushed by a home node over the global cap
+        self.cancels_after_reply: list[str] | None = None   # during queue.delete: basic.cancel after delete-ok
 
     def __repr__(self) -> str:
         return f"<Channel {self.id}>"
@@ -142,7 +143,17 @@ class Channel:
         if self.consumers.pop(consumer.tag, None) is None or self.closed:
             return
         if self.session.client_capability("consumer_cancel_notify"):
-            self.session.send_method(self.id, cmd.Basic.Cancel(consumer.tag, nowait=True))
+            if self.cancels_after_reply is not None:
+                self.cancels_after_reply.append(consumer.tag)
+            else:
+                self.session.send_method(self.id, cmd.Basic.Cancel(consumer.tag, nowait=True))
+
+    def _send_cancels(self) -> None:
+        """RabbitMQ answers queue.delete before it cancels the deleting channel's own consumers
+        on that queue; clients (kombu, amqplib) wait for delete-ok and fail on a cancel first."""
+        tags, self.cancels_after_reply = self.cancels_after_reply, None
+        for tag in tags or ():
+            self.session.send_method(self.id, cmd.Basic.Cancel(tag, nowait=True))
 
     def queues_to_dispatch(self) -> set[Queue]:
         return {c.queue for c in self.consumers.values()}
@@ -157,6 +168,8 @@ class Channel:
     def _reply(self, method, nowait: bool = False) -> None:
         if not nowait:
             self.session.send_method(self.id, method)
+        if self.cancels_after_reply is not None:
+            self._send_cancels()
 
     def _propose(self, command: dict, method, reply, nowait: bool = False) -> None:
         """Clustered: change metadata through the cluster's log; reply once it is applied here.
@@ -231,6 +244,8 @@ class Channel:
             self.session.log.error("a write was not made durable before this reply", channel=self.id,
                                    reply=reply.name)
         self.session.send_method(self.id, reply)
+        if self.cancels_after_reply is not None:
+            self._send_cancels()
         self.held = False
         self.session.resume(self)
 
@@ -403,6 +418,7 @@ class Channel:
 
     def _queue_delete(self, m) -> None:
         self.session.access.check(CONFIGURE, "queue", self._queue_name(m.queue, m), m)
+        self.cancels_after_reply = []
         if self.session.broker.cluster is not None:
             queue = self.vhost.queues.get(self._queue_name(m.queue, m))
             if queue is not None and queue.remote:    # its counts come from its home node

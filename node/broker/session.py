@@ -33,6 +33,7 @@ class Session:
         self.pending_bytes = 0
         self.starved = False
         self.closed = False
+        self.peer_closing = False     # the client sent connection.close; close-ok once held channels are done
         self.wakeup = _nothing          # set by the server: output is waiting outside receive_data
         self.write_out = _nothing       # set by the server: write pending output to the socket now
         self._confirm_channels: set[Channel] = set()
@@ -152,6 +153,8 @@ class Session:
             self._process(channel.backlog.popleft())
         if channel.confirms is not None and channel.confirms.ready:
             self._confirm_channels.add(channel)
+        if self.peer_closing:
+            self.finish_peer_close()
         self.wakeup()
 
     def _handle(self, event) -> None:
@@ -196,7 +199,24 @@ class Session:
                 self.alarm_changed(True)
         elif kind is ev.ConnectionClosedByPeer:
             self.log.info("connection closed by client")
-            self.teardown()
+            self.peer_closing = True
+            self.finish_peer_close()
+
+    def finish_peer_close(self, force: bool = False) -> None:
+        """The client closed the connection: close-ok once every channel has handled what it
+        sent before the close (a channel held for a durable write still has frames to go), as
+        RabbitMQ does. Channels with nothing pending end at once. `force`: stop waiting."""
+        if self.closed:
+            return
+        for channel_id, channel in list(self.channels.items()):
+            if not (channel.held or channel.backlog):
+                self.channels.pop(channel_id)
+                channel.teardown()
+        if self.channels and not force:
+            return
+        self.conn.close_ok()
+        self.teardown()
+        self.wakeup()
 
     def fail_channel(self, channel_id: int, err: AMQPError) -> None:
         """Close a channel (or the connection, for a connection error) from outside its frames:
@@ -211,6 +231,8 @@ class Session:
             channel = self.channels.pop(channel_id)
             channel.teardown()
             self.conn.close_channel(channel_id, err)
+            if self.peer_closing:
+                self.finish_peer_close()
         else:
             self.close(err)
 

@@ -192,8 +192,14 @@ class VHost:
         self._bind(src, dst, routing_key, arguments, method)
 
     def unbind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict, method=None):
-        src = self._binding_source(source, method)
-        dst = self._binding_source(destination, method)
+        """As RabbitMQ: unbinding from or to an exchange that is gone is unbind-ok (an auto-delete
+        source may have gone with its last binding, e.g. when its destination was deleted)."""
+        for name in (source, destination):
+            if name == "":
+                raise _err(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange", method)
+        src, dst = self.exchanges.get(source), self.exchanges.get(destination)
+        if src is None or dst is None:
+            return
         if src.unbind(dst, routing_key, arguments or {}):
             self._binding_changed(src, dst)
             self._maybe_auto_delete(src)

@@ -54,8 +54,10 @@ class State(enum.Enum):
     AWAIT_TUNE_OK = "await-tune-ok"
     AWAIT_OPEN = "await-open"
     OPEN = "open"
+    CLOSE_RECEIVED = "close-received"   # the client sent connection.close; close-ok follows once
+                                        # the frames before it are processed (`close_ok()`)
     CLOSING = "closing"      # we sent connection.close, waiting for close-ok
-    CLOSED = "closed"
+    CLOSED = "closed"        # nothing more to say; the transport goes (after the client's bytes)
 
 
 class ChannelState(enum.Enum):
@@ -180,7 +182,8 @@ class AMQPConnection:
                     self.close_channel(channel, err)
                 else:
                     self.close(err)
-        if framing_error is not None and self.state not in (State.CLOSED, State.CLOSING):
+        if framing_error is not None and self.state not in (State.CLOSED, State.CLOSING,
+                                                            State.CLOSE_RECEIVED):
             self.close(framing_error)
             self.state = State.CLOSED   # the stream is out of sync: nothing more can be read
         return out
@@ -202,6 +205,8 @@ class AMQPConnection:
         return rest
 
     def _on_frame(self, ftype: int, channel: int, payload: bytes, out: list) -> None:
+        if self.state is State.CLOSE_RECEIVED:
+            return       # the client said it is done: nothing it sends after the close counts
         if ftype == FRAME_HEARTBEAT:
             if channel:
                 raise AMQPError(ReplyCode.UNEXPECTED_FRAME,
@@ -248,8 +253,9 @@ class AMQPConnection:
             return
         if self.state is State.OPEN:
             if isinstance(method, C.Close):
-                self.send_method(0, C.CloseOk())
-                self.state = State.CLOSED
+                # close-ok waits until the session has handled everything sent before the close
+                # (a channel may be holding frames for a durable write): `close_ok()` sends it
+                self.state = State.CLOSE_RECEIVED
                 out.append(ev.ConnectionClosedByPeer(method.reply_code, method.reply_text))
                 return
             if isinstance(method, C.CloseOk):
@@ -273,10 +279,11 @@ class AMQPConnection:
         user, password = _credentials(mechanism, bytes(response))
         accepted = self._authenticate(user, password, self.peer_host) if user is not None else None
         if accepted is None:
+            # the close waits for close-ok (or the server's timeout) like any other: a client
+            # such as rabbitpy must be able to read the 403 before the socket goes
             self.close(AMQPError(ReplyCode.ACCESS_REFUSED,
                                  f"Login was refused using authentication mechanism {mechanism}. "
                                  "For details see the broker logfile."))
-            self.state = State.CLOSED   # as RabbitMQ: the socket goes without waiting for close-ok
             return
         self.user = accepted
         self.state = State.AWAIT_TUNE_OK
@@ -311,13 +318,16 @@ class AMQPConnection:
 
     # ---- channels -----------------------------------------------------------
     def _on_unopened_channel(self, channel: int, ftype: int, payload: bytes, out: list) -> None:
+        # channel_max is a count of open channels, not the highest id: as in RabbitMQ, any id up
+        # to 65535 may be opened (aiormq picks 65535 first) while fewer than channel_max are open
+        if self.channel_max and len(self._channels) >= self.channel_max:
+            raise AMQPError(ReplyCode.NOT_ALLOWED,
+                            f"number of channels opened ({len(self._channels)}) has reached the "
+                            f"negotiated channel_max ({self.channel_max})")
         method = decode_method(payload) if ftype == FRAME_METHOD else None
         if not isinstance(method, Ch.Open):
             index = getattr(method, "index", 0)
             raise AMQPError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", index >> 16, index & 0xFFFF)
-        if channel > self.channel_max:
-            raise AMQPError(ReplyCode.CHANNEL_ERROR,
-                            f"channel {channel} exceeds negotiated channel_max {self.channel_max}")
         self._channels[channel] = ChannelState.OPEN
         self.send_method(channel, Ch.OpenOk())
         out.append(ev.ChannelOpened(channel))
@@ -376,7 +386,13 @@ class AMQPConnection:
         self._channels[channel] = ChannelState.OPEN
         out.append(ev.MessageReceived(channel, asm.publish, asm.props_raw, body))
 
-    # ---- closing from our side ----------------------------------------------
+    # ---- closing -----------------------------------------------------------------
+    def close_ok(self) -> None:
+        """Answer the client's connection.close, once what it sent before is handled."""
+        if self.state is State.CLOSE_RECEIVED:
+            self.send_method(0, C.CloseOk())
+            self.state = State.CLOSED
+
     def close_channel(self, channel: int, err: AMQPError) -> None:
         """Close one channel with a channel error; its frames are ignored until close-ok."""
         if self._channels.get(channel) in (None, ChannelState.CLOSING):
@@ -387,6 +403,9 @@ class AMQPConnection:
 
     def close(self, err: AMQPError) -> None:
         """Close the connection with a connection error (or a forced close)."""
+        if self.state is State.CLOSE_RECEIVED:
+            self.close_ok()       # the client is closing anyway: answer it rather than cross closes
+            return
         if self.state in (State.CLOSING, State.CLOSED):
             return
         self.close_reason = err

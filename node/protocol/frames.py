@@ -43,8 +43,11 @@ _HEADER_FRAME_PREFIX = struct.Struct(">BHIHHQ")
 class FrameReader:
     """Splits a byte stream into (type, channel, payload) frames.
 
-    A frame larger than `frame_max` or one that does not end in 0xCE is a
-    connection error (501 FRAME_ERROR); a partial frame waits for more bytes.
+    A frame whose payload is larger than `frame_max` or one that does not end
+    in 0xCE is a connection error (501 FRAME_ERROR); a partial frame waits for
+    more bytes. The limit is on the payload, not the whole frame: RabbitMQ
+    allows 8 bytes of slack (its FRAME_SIZE_FUDGE) and clients such as rabbitpy
+    send body frames of exactly frame_max payload bytes.
     """
 
     __slots__ = ("_buf", "frame_max")
@@ -65,7 +68,7 @@ class FrameReader:
         while end - pos >= 7:
             ftype, channel, size = unpack(buf, pos)
             total = size + FRAME_OVERHEAD
-            if total > self.frame_max:
+            if size > self.frame_max:
                 err = AMQPError(ReplyCode.FRAME_ERROR, f"type {ftype}, all octets = <<>>: "
                                 f"{{frame_too_large,{size},{self.frame_max - FRAME_OVERHEAD}}}")
                 break
