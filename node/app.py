@@ -91,6 +91,7 @@ class Node:
         self._default_user()
         self._load_definitions()
         self._resource_monitor()
+        await self._start_management()     # a management port in use stops the node before AMQP opens
         self.amqp = AMQPServer(self.broker, self.config.bind, self.config.amqp_port, self.config.tls_port, tls)
         clustered = self.config.cluster_port is not None
         try:
@@ -98,6 +99,8 @@ class Node:
             await self.amqp.start(serving=not clustered)
         except OSError as exc:
             ports = f"{self.config.amqp_port}" + (f" or {self.config.tls_port} (TLS)" if self.config.tls_port else "")
+            if self.management is not None:
+                await self.management.stop()
             raise NodeError(f"cannot listen on {self.config.bind}:{ports}: {exc.strerror or exc}") from None
         self.resources.start()
         if clustered:
@@ -114,7 +117,6 @@ class Node:
             except OSError as exc:
                 await self.amqp.stop()
                 raise NodeError(str(exc)) from None
-        await self._start_management()
         self.log.info("node started", amqp=f"{self.config.bind}:{self.amqp.port}",
                       amqps=f"{self.config.bind}:{self.amqp.tls_port}" if self.amqp.tls_port else None,
                       data_dir=str(self.config.data_dir), pid=os.getpid())
@@ -140,7 +142,7 @@ class Node:
         try:
             await self.management.start()
         except OSError as exc:
-            await self.stop()
+            await self.management.stop()
             raise NodeError(str(exc)) from None
 
     def _load_definitions(self) -> None:

@@ -525,8 +525,7 @@ class ManagementAPI:
                 await conn.call(channel, spec.Exchange.Bind(destination=destination, source=source,
                                                             routing_key=key, arguments=arguments),
                                 spec.Exchange.BindOk)
-        location = f"{urllib.parse.quote(js.properties_key(key, arguments), safe='')}"
-        return web.Response(status=201, headers={"Location": location})
+        return web.Response(status=201, headers={"Location": js.properties_key(key, arguments)})
 
     async def unbind(self, request) -> web.Response:
         vhost, source, destination, kind = self._binding_ends(request)
@@ -534,7 +533,8 @@ class ManagementAPI:
         exchange = vhost.exchanges[source]
         target = vhost.queues[destination] if kind == "queue" else vhost.exchanges[destination]
         found = [(key, args) for dest, key, args in exchange.bindings()
-                 if dest is target and js.properties_key(key, args) == props]
+                 if dest is target and props in (js.properties_key(key, args),
+                                                  urllib.parse.unquote(js.properties_key(key, args)))]
         if not found:
             raise not_found()
         key, arguments = found[0]

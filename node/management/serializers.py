@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import datetime
 import time
+import urllib.parse
 
 from ..broker.exchange import Exchange
 from ..broker.policy import winning
@@ -109,7 +110,7 @@ def exchange_json(vname: str, exchange: Exchange) -> dict:
 def properties_key(routing_key: str, arguments: dict) -> str:
     """RabbitMQ's binding `properties_key`: the routing key, or "~" joined with a hash of
     the arguments when there are any."""
-    key = routing_key.replace("%", "%25").replace("~", "%7E") if routing_key else "~"
+    key = urllib.parse.quote(routing_key, safe="") if routing_key else "~"
     if not arguments:
         return key
     digest = base64.urlsafe_b64encode(repr(sorted(jsonable(arguments).items())).encode()).decode()[:22]
