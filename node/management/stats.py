@@ -6,7 +6,8 @@ channel's confirm tracker; the broker keeps those of closed channels). This
 module reads them. A `Sampler` reads them every few seconds (RabbitMQ's
 `collect_statistics_interval` is 5 s) to turn them into rates, keeps a few
 minutes of the node's history for the web view, and notes what changed in the
-cluster (members going down and up, queue masters moving) as a timeline.
+cluster (members going down and up, queue masters moving) as a timeline,
+looking every second.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 from collections import deque
 
 INTERVAL = 5.0          # seconds between samples
+WATCH_INTERVAL = 1.0    # seconds between looks at the cluster's members and queue masters
 HISTORY = 120           # samples kept: ten minutes
 EVENTS = 200            # timeline entries kept
 
@@ -81,9 +83,15 @@ class Sampler:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
+        ticks = 0
         while True:
-            await asyncio.sleep(INTERVAL)
-            self.sample()
+            await asyncio.sleep(WATCH_INTERVAL)
+            ticks += 1
+            if ticks * WATCH_INTERVAL >= INTERVAL:
+                ticks = 0
+                self.sample()
+            else:
+                self.watch()
 
     def sample(self) -> None:
         now = time.time()
