@@ -206,6 +206,7 @@ class PerObject:
 
 class Metrics:
     def __init__(self, broker, per_queue: bool = True):
+        self.broker = broker
         collector = BrokerCollector(broker, per_queue)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
@@ -216,6 +217,7 @@ class Metrics:
         app = web.Application()
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/metrics/per-object", self.metrics_per_object)
+        app.router.add_get("/health", self.health)
         app.router.add_get("/", self.index)
         return app
 
@@ -231,5 +233,14 @@ class Metrics:
     async def metrics_per_object(self, request) -> web.Response:
         return self._answer(self.per_object)
 
+    async def health(self, request) -> web.Response:
+        """For probes, without credentials: 200 while the node serves, 503 while it pauses
+        (it cannot see a majority of the cluster). Alarms do not count: see /api/health/checks."""
+        cluster = self.broker.cluster
+        if cluster is not None and cluster.membership.paused:
+            return web.json_response({"status": "failed", "reason": "paused: this node cannot see a majority"},
+                                     status=503)
+        return web.json_response({"status": "ok"})
+
     async def index(self, request) -> web.Response:
-        return web.Response(text="HareMQ metrics: /metrics, /metrics/per-object\n")
+        return web.Response(text="HareMQ metrics: /metrics, /metrics/per-object; probes: /health\n")
