@@ -391,3 +391,40 @@ def test_management_off_with_port_zero(tmp_path):
     finally:
         node.stop()
     assert free_port()
+
+
+def test_user_put_with_a_password_hash_keeps_its_permissions(mnode):
+    name = unique_name("hashed")
+    _user(mnode, name, "management")
+    from node.broker.auth import hash_password
+    status, _, _ = mnode.api("PUT", f"/api/users/{name}", {"password_hash": hash_password("new-pw"),
+                                                           "tags": "monitoring"})
+    assert status == 204
+    assert mnode.api("GET", "/api/overview", user=(name, "new-pw"))[0] == 200
+    assert mnode.api("GET", f"/api/permissions/%2F/{name}")[0] == 200
+    assert mnode.api("GET", f"/api/users/{name}")[1]["tags"] == ["monitoring"]
+
+
+def test_management_api_over_tls(tmp_path):
+    import ssl
+    import urllib.request
+
+    import trustme
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    server.cert_chain_pems[0].write_to_path(tmp_path / "server.pem")
+    server.private_key_pem.write_to_path(tmp_path / "server.key")
+    node = ManagedNode("hare-https", tmp_path, extra=["--tls-port", str(free_port()), "--tls-cert",
+                                                      str(tmp_path / "server.pem"), "--tls-key",
+                                                      str(tmp_path / "server.key"), "--management-tls"]).start()
+    try:
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        request = urllib.request.Request(f"https://127.0.0.1:{node.management_port}/api/overview",
+                                         headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            assert response.status == 200 and b'"node": "hare-https"' in response.read()
+        with pytest.raises(Exception):      # plain HTTP is not served on the TLS port
+            http("GET", node.management_port, "/api/overview", timeout=5)
+    finally:
+        node.stop()

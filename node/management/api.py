@@ -623,11 +623,10 @@ class ManagementAPI:
                 await self.broker_call("change_password", name, str(data["password"]))
             else:
                 await self.broker_call("add_user", name, str(data["password"]), tags)
-        elif "password_hash" in data:
-            if existed:
-                await self.broker_call("delete_user", name)
-            await self.broker_call("add_user", name, None, tags, data["password_hash"] or "",
-                                   data.get("hashing_algorithm") or "rabbit_password_hashing_sha256")
+        elif "password_hash" in data:     # as a definitions file carries it (keeps its permissions)
+            await self.broker_call("import_definitions", {"users": [{
+                "name": name, "password_hash": data["password_hash"] or "", "tags": tags,
+                "hashing_algorithm": data.get("hashing_algorithm") or "rabbit_password_hashing_sha256"}]})
         elif not existed:
             raise bad_request("[{error,{key_missing,password_hash}}]")
         if existed:

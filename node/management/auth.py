@@ -103,7 +103,7 @@ def can_see_vhost(broker, caller: Caller, vhost: str) -> bool:
 
 def require_vhost(broker, caller: Caller, vhost: str) -> None:
     """Acting in a vhost needs permissions there (administrators need them too, as in RabbitMQ)."""
-    if (caller.name, vhost) not in broker.permissions and not (caller.is_admin and vhost not in broker.vhosts):
+    if (caller.name, vhost) not in broker.permissions:
         raise Refused("User not authorised to access virtual host")
 
 

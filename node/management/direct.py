@@ -70,7 +70,11 @@ class DirectConnection:
         self._next_channel = 1
 
     async def __aenter__(self) -> "DirectConnection":
-        await self.open()
+        try:
+            await self.open()
+        except BaseException:
+            await self.close()
+            raise
         return self
 
     async def __aexit__(self, *exc) -> None:
