@@ -525,7 +525,10 @@ class ManagementAPI:
                 await conn.call(channel, spec.Exchange.Bind(destination=destination, source=source,
                                                             routing_key=key, arguments=arguments),
                                 spec.Exchange.BindOk)
-        return web.Response(status=201, headers={"Location": js.properties_key(key, arguments)})
+        # RabbitMQ's Location: relative to the request path, the destination and the quoted properties_key
+        location = urllib.parse.quote(destination, safe="") + "/" + \
+            urllib.parse.quote(js.properties_key(key, arguments), safe="")
+        return web.Response(status=201, headers={"Location": location})
 
     async def unbind(self, request) -> web.Response:
         vhost, source, destination, kind = self._binding_ends(request)
