@@ -194,6 +194,14 @@ class Control:
         from node.management.views import local_rows
         return local_rows(self.broker, args["kind"])
 
+    async def management_close(self, args: dict) -> list:
+        """The management API's DELETE /api/connections/{name}: the member the client is
+        connected to closes it; the answer lists True for each one that did."""
+        if not args.get("local"):
+            return await self._on_members("management_close", args)
+        from node.management.views import close_local
+        return [True] if close_local(self.broker, args["name"], args["reason"]) else []
+
     async def forget_node(self, args: dict) -> dict:
         name = args["node"]
         if name == self.node.name:
@@ -234,6 +242,7 @@ COMMANDS = {
     "queue_stats": Control.queue_stats,
     "broker_call": Control.broker_call,
     "management_rows": Control.management_rows,
+    "management_close": Control.management_close,
     "sync_queue": Control.sync_queue,
     "cancel_sync_queue": Control.cancel_sync_queue,
 }

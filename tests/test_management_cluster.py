@@ -98,7 +98,12 @@ def test_cluster_wide_queues_mirrors_metrics_and_a_failover(cluster):
     assert rows[0]["channels"] == 1
     overview = api(hare1, "GET", "/api/overview")[1]
     assert overview["object_totals"]["connections"] >= 1 and overview["queue_totals"]["messages_ready"] >= 5
-    c.close()
+    # closed through hare1's API, by hare3
+    assert api(hare1, "DELETE", f"/api/connections/{q(rows[0]['name'])}")[0] == 204
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        c.process_data_events(time_limit=5)
+        c.process_data_events(time_limit=5)
+    assert closed.value.reply_code == 320
 
     text = metrics(hare2)     # the home node exports the queue's series
     assert f'rabbitmq_queue_messages_ready{{queue="{mirrored}",vhost="/"}} 3.0' in text

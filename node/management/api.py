@@ -27,7 +27,7 @@ from ..broker.definitions import export_definitions
 from . import auth
 from . import serializers as js
 from .direct import AMQPClosed, DirectConnection
-from .views import local_rows, node_json
+from .views import close_local, local_rows, node_json
 
 STATIC = Path(__file__).resolve().parent / "static"
 log = structlog.get_logger("haremq.management")
@@ -563,26 +563,23 @@ class ManagementAPI:
         raise not_found()
 
     async def close_connection(self, request) -> web.Response:
-        """Close a client connection (320 CONNECTION_FORCED), on whichever node it is connected to."""
+        """Close a client connection (320 CONNECTION_FORCED), on whichever member it is connected to."""
         name = request.match_info["name"]
         reason = request.headers.get("X-Reason", "Closed via management plugin")
         caller = request["caller"]
-        for session in list(self.broker.sessions):
-            if getattr(session, "direct", False) or session.closed or js.connection_name(session) != name:
-                continue
-            if not caller.is_admin and session.user != caller.name:
-                raise auth.Refused("Not administrator user")
-            from ..protocol.replies import AMQPError, ReplyCode
-            session.close(AMQPError(ReplyCode.CONNECTION_FORCED, reason))
-            session.wakeup()
-            log.info("connection closed through the management API", connection=name, user=caller.name)
-            return no_content()
-        if self.cluster is not None:
-            for row in await self.rows("connections"):
-                if row["name"] == name:
-                    raise HTTPError(400, "bad_request", f"connection '{name}' is on node {row['node']}: "
-                                                        "ask that node's management API to close it")
-        raise not_found()
+        row = next((r for r in await self.rows("connections") if r["name"] == name), None)
+        if row is None:
+            raise not_found()
+        if not caller.is_admin and row["user"] != caller.name:
+            raise auth.Refused("Not administrator user")
+        if self.cluster is None:
+            closed = close_local(self.broker, name, reason)
+        else:
+            closed = bool(await self.cluster.control.handle("management_close", {"name": name, "reason": reason}))
+        if not closed:
+            raise not_found()
+        log.info("connection closed through the management API", connection=name, user=caller.name)
+        return no_content()
 
     async def channels(self, request) -> web.Response:
         return as_json(self.own(request, self.visible(request, await self.rows("channels"))))

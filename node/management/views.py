@@ -66,3 +66,14 @@ def node_json(broker) -> dict:
         row["cluster_links"] = [{"name": p["name"], "up": p["up"]} for p in membership.status() if not p["self"]]
         row["raft"] = {"term": cluster.raft.term, "role": cluster.raft.role, "leader": cluster.raft.leader}
     return row
+
+
+def close_local(broker, name: str, reason: str) -> bool:
+    """Close the client connection of that name if it is connected to this node (320 CONNECTION_FORCED)."""
+    from ..protocol.replies import AMQPError, ReplyCode
+    for session in client_sessions(broker):
+        if js.connection_name(session) == name:
+            session.close(AMQPError(ReplyCode.CONNECTION_FORCED, reason))
+            session.wakeup()
+            return True
+    return False
