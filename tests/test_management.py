@@ -390,7 +390,6 @@ def test_management_off_with_port_zero(tmp_path):
         assert "prometheus listener started" in node.log_text()
     finally:
         node.stop()
-    assert free_port()
 
 
 def test_user_put_with_a_password_hash_keeps_its_permissions(mnode):
