@@ -345,7 +345,8 @@ def test_metrics_per_queue_and_totals(mnode):
     assert f'rabbitmq_queue_messages_published_total{{queue="{name}",vhost="/"}} 3.0' in text
     for series in ("rabbitmq_connections ", "rabbitmq_global_messages_received_total ",
                    "rabbitmq_global_messages_confirmed_total ", "rabbitmq_identity_info{",
-                   "haremq_store_fsyncs_total ", "haremq_store_group_commit_seconds_count "):
+                   "haremq_store_fsyncs_total ", "haremq_store_group_commit_seconds_count ",
+                   'haremq_store_group_commit_seconds_bucket{le="+Inf"} '):
         assert "\n" + series in text, series
 
 

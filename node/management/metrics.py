@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, SummaryMetricFamily
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily,
+                                   SummaryMetricFamily)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .stats import local_queues, node_totals
@@ -48,6 +49,11 @@ def _queue_values(queue) -> dict:
             "paged_out": len(getattr(queue, "tail", ())), "consumers": queue.consumer_count,
             "published": getattr(queue, "published_total", 0), "delivered": getattr(queue, "delivered_total", 0),
             "acked": getattr(queue, "acked_total", 0)}
+
+
+def store_module():
+    from ..store import store
+    return store
 
 
 class BrokerCollector:
@@ -124,10 +130,20 @@ class BrokerCollector:
         stats = getattr(store, "stats", None)
         if not stats:
             return
-        summary = SummaryMetricFamily("haremq_store_group_commit_seconds",
-                                      "Time spent writing and fsyncing the message store's group commits",
+        histogram = getattr(store, "sync_histogram", None)
+        bounds = getattr(store_module(), "SYNC_BUCKETS", ())
+        if histogram and len(histogram) == len(bounds) + 1:
+            buckets, total = [], 0
+            for bound, count in zip([*map(str, bounds), "+Inf"], histogram):
+                total += count
+                buckets.append((bound, total))
+            yield HistogramMetricFamily("haremq_store_group_commit_seconds",
+                                        "Time the message store took to write and fsync each group commit",
+                                        buckets=buckets, sum_value=stats.get("sync_seconds", 0.0))
+        else:
+            yield SummaryMetricFamily("haremq_store_group_commit_seconds",
+                                      "Time the message store took to write and fsync its group commits",
                                       count_value=stats.get("batches", 0), sum_value=stats.get("sync_seconds", 0.0))
-        yield summary
         yield CounterMetricFamily("haremq_store_fsyncs", "fsync calls made by the message store",
                                   value=stats.get("fsyncs", 0))
         yield CounterMetricFamily("haremq_store_records", "Records written to the message store",
