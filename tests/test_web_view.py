@@ -55,8 +55,20 @@ def cluster(tmp_path):
     partition["close"]()
 
 
-def rows(driver, table):
-    return driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")
+# read the page in one script call: it redraws its tables every second, so elements found
+# in one call may be gone by the next
+NODES_JS = "return Array.from(document.querySelectorAll('#nodes tbody tr')).map(r => [r.dataset.node, r.dataset.state]);"
+QUEUES_JS = ("return Array.from(document.querySelectorAll('#queues tbody tr')).map(r => ({queue: r.dataset.queue, "
+             "master: r.dataset.master, cells: Array.from(r.cells).map(c => c.textContent)}));")
+FAILOVERS_JS = "return Array.from(document.querySelectorAll('#timeline li.failover')).map(li => li.textContent);"
+
+
+def node_states(driver) -> dict:
+    return dict(driver.execute_script(NODES_JS))
+
+
+def queue_row(driver, name) -> dict | None:
+    return next((r for r in driver.execute_script(QUEUES_JS) if r["queue"] == name), None)
 
 
 def test_the_page_follows_a_failover_without_reloading(cluster, browser):
@@ -78,33 +90,23 @@ def test_the_page_follows_a_failover_without_reloading(cluster, browser):
     browser.find_element(By.ID, "signin").click()
     browser.execute_script("window.haremqNotReloaded = true;")
 
-    def three_up():
-        states = {r.get_attribute("data-node"): r.get_attribute("data-state") for r in rows(browser, "nodes")}
-        return states if states == {"hare1": "up", "hare2": "up", "hare3": "up"} else None
-    wait_until(three_up, 20, 0.2)
-
-    def queue_row():
-        return next((r for r in rows(browser, "queues") if r.get_attribute("data-queue") == name), None)
+    wait_until(lambda: node_states(browser) == {"hare1": "up", "hare2": "up", "hare3": "up"}, 20, 0.2)
 
     def synced_on_hare2():
-        row = queue_row()
-        if row is None or row.get_attribute("data-master") != "hare2":
+        row = queue_row(browser, name)
+        if row is None or row["master"] != "hare2":
             return None
-        cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
-        return cells if sorted(cells[4].split(", ")) == ["hare1", "hare3"] else None
+        return row["cells"] if sorted(row["cells"][4].split(", ")) == ["hare1", "hare3"] else None
     cells = wait_until(synced_on_hare2, 30, 0.2)
     assert cells[7] == "5"          # ready messages, counted by the home node
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(ARTIFACTS / "web-view-before-failover.png"))
 
     hare2.kill9()
-    wait_until(lambda: {r.get_attribute("data-node"): r.get_attribute("data-state")
-                        for r in rows(browser, "nodes")}.get("hare2") == "down", 20, 0.2)
-    new_master = wait_until(lambda: (lambda r: r.get_attribute("data-master") if r is not None and
-                                     r.get_attribute("data-master") in ("hare1", "hare3") else None)(queue_row()),
-                            30, 0.2)
-    failover = wait_until(lambda: [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#timeline li.failover")],
-                          20, 0.2)
+    wait_until(lambda: node_states(browser).get("hare2") == "down", 20, 0.2)
+    new_master = wait_until(lambda: (lambda r: r["master"] if r is not None and r["master"] in ("hare1", "hare3")
+                                     else None)(queue_row(browser, name)), 30, 0.2)
+    failover = wait_until(lambda: browser.execute_script(FAILOVERS_JS), 20, 0.2)
     assert f"master hare2 -> {new_master}" in failover[0]
     assert browser.execute_script("return window.haremqNotReloaded === true;")
     browser.save_screenshot(str(ARTIFACTS / "web-view-after-failover.png"))
