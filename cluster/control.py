@@ -186,6 +186,22 @@ class Control:
         queue = self._homed_here(args)
         return {"message_count": queue.message_count, "consumer_count": queue.consumer_count}
 
+    async def management_rows(self, args: dict) -> list:
+        """The management API's queues, connections, channels, consumers or nodes (args["kind"]):
+        every member that is up lists what lives on it (node/management/views.py)."""
+        if not args.get("local"):
+            return await self._on_members("management_rows", args)
+        from node.management.views import local_rows
+        return local_rows(self.broker, args["kind"])
+
+    async def management_close(self, args: dict) -> list:
+        """The management API's DELETE /api/connections/{name}: the member the client is
+        connected to closes it; the answer lists True for each one that did."""
+        if not args.get("local"):
+            return await self._on_members("management_close", args)
+        from node.management.views import close_local
+        return [True] if close_local(self.broker, args["name"], args["reason"]) else []
+
     async def forget_node(self, args: dict) -> dict:
         name = args["node"]
         if name == self.node.name:
@@ -225,6 +241,8 @@ COMMANDS = {
     "purge_queue": Control.purge_queue,
     "queue_stats": Control.queue_stats,
     "broker_call": Control.broker_call,
+    "management_rows": Control.management_rows,
+    "management_close": Control.management_close,
     "sync_queue": Control.sync_queue,
     "cancel_sync_queue": Control.cancel_sync_queue,
 }

@@ -44,6 +44,12 @@ class NodeConfig:
     tls_verify_peer: bool = False
     vm_memory_high_watermark: str = "0.4"       # fraction of RAM or a size (ERR-4)
     disk_free_limit: str = "50MB"
+    management_port: int | None = None          # HTTP API and web view (haremq node: 15672); None/0 = off
+    prometheus_port: int | None = None          # /metrics (haremq node: 15692); None/0 = off
+    prometheus_per_queue: bool = True           # one series per queue in /metrics
+    management_tls: bool = False                # serve the API over TLS with --tls-cert/--tls-key
+    optional_ports: tuple = ()                  # "management", "prometheus": on a default port, skip
+                                                # it with a warning if taken (several nodes on one host)
 
 
 class Node:
@@ -55,6 +61,7 @@ class Node:
         self.amqp: AMQPServer | None = None
         self.cluster = None
         self.resources = None
+        self.management = None
         self._stopping = False
         self._stopped = asyncio.Event()
         self.failure: str | None = None     # why the node stopped by itself, if it did
@@ -84,6 +91,7 @@ class Node:
         self._default_user()
         self._load_definitions()
         self._resource_monitor()
+        await self._start_management()     # a management port in use stops the node before AMQP opens
         self.amqp = AMQPServer(self.broker, self.config.bind, self.config.amqp_port, self.config.tls_port, tls)
         clustered = self.config.cluster_port is not None
         try:
@@ -91,6 +99,8 @@ class Node:
             await self.amqp.start(serving=not clustered)
         except OSError as exc:
             ports = f"{self.config.amqp_port}" + (f" or {self.config.tls_port} (TLS)" if self.config.tls_port else "")
+            if self.management is not None:
+                await self.management.stop()
             raise NodeError(f"cannot listen on {self.config.bind}:{ports}: {exc.strerror or exc}") from None
         self.resources.start()
         if clustered:
@@ -110,6 +120,30 @@ class Node:
         self.log.info("node started", amqp=f"{self.config.bind}:{self.amqp.port}",
                       amqps=f"{self.config.bind}:{self.amqp.tls_port}" if self.amqp.tls_port else None,
                       data_dir=str(self.config.data_dir), pid=os.getpid())
+
+    async def _start_management(self) -> None:
+        """The management HTTP API and web view, and Prometheus metrics (node/management/)."""
+        if not self.config.management_port and not self.config.prometheus_port:
+            return
+        from .management import Management
+        ssl = None
+        if self.config.management_tls:
+            from .tls import TLSConfigError, server_context
+            if self.config.tls_cert is None or self.config.tls_key is None:
+                raise NodeError("--management-tls needs --tls-cert and --tls-key")
+            try:
+                ssl = server_context(self.config.tls_cert, self.config.tls_key, self.config.tls_ca,
+                                     self.config.tls_verify_peer)
+            except TLSConfigError as exc:
+                raise NodeError(str(exc)) from None
+        self.management = Management(self.broker, self.config.bind, self.config.management_port,
+                                     self.config.prometheus_port, self.config.prometheus_per_queue, ssl,
+                                     optional=self.config.optional_ports)
+        try:
+            await self.management.start()
+        except OSError as exc:
+            await self.management.stop()
+            raise NodeError(str(exc)) from None
 
     def _load_definitions(self) -> None:
         """--definitions FILE: RabbitMQ's definitions JSON, imported at every start."""
@@ -177,6 +211,8 @@ class Node:
             return
         self._stopping = True
         self.log.info("node stopping")
+        if self.management is not None:
+            await self.management.stop()
         if self.resources is not None:
             await self.resources.stop()
         if self.cluster is not None:

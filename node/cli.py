@@ -95,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="memory alarm above this fraction of RAM (0.4) or size (1GB); default 0.4")
     node.add_argument("--disk-free-limit", default=_env("disk-free-limit", "50MB"),
                       help="disk alarm below this much free space in the data dir (default 50MB)")
+    node.add_argument("--management-port", type=_port, default=_env("management-port"),
+                      help="HTTP management API and web view port (default: 15672; 0 turns it off)")
+    node.add_argument("--prometheus-port", type=_port, default=_env("prometheus-port"),
+                      help="Prometheus /metrics port (default: 15692; 0 turns it off)")
+    node.add_argument("--prometheus-per-queue", choices=["on", "off"], default=_env("prometheus-per-queue", "on"),
+                      help="one /metrics series per queue (on), or queue series summed (off; for many queues)")
+    node.add_argument("--management-tls", action="store_true", default=bool(_env("management-tls")),
+                      help="serve the management API over HTTPS with --tls-cert and --tls-key")
     node.add_argument("--skip-corrupt", action="store_true",
                       help="start even if a segment has a corrupt record mid-log (drops the rest of it)")
     node.add_argument("--segment-size", type=int, default=64 << 20,
@@ -187,7 +195,17 @@ def main(argv: list[str] | None = None) -> int:
                             tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
                             tls_verify_peer=args.tls_verify_peer,
                             vm_memory_high_watermark=args.vm_memory_high_watermark,
-                            disk_free_limit=args.disk_free_limit)
+                            disk_free_limit=args.disk_free_limit,
+                            management_port=_port(str(args.management_port if args.management_port is not None
+                                                      else 15672)),
+                            prometheus_port=_port(str(args.prometheus_port if args.prometheus_port is not None
+                                                      else 15692)),
+                            prometheus_per_queue=args.prometheus_per_queue == "on",
+                            management_tls=args.management_tls,
+                            # the default ports: several nodes on one host must not stop each other
+                            optional_ports=tuple(name for name, given in (("management", args.management_port),
+                                                                          ("prometheus", args.prometheus_port))
+                                                 if given is None))
         _event_loop_policy()
         try:
             asyncio.run(_run_node(config))

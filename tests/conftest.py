@@ -166,8 +166,11 @@ class Node:
     def argv(self) -> list[str]:
         # small segments: every node start zeroes a spare segment ahead of the writes, and a run
         # starts hundreds of nodes; tests that care give --segment-size again (the last one counts)
+        # the management API and /metrics are off unless a test asks for them (their default
+        # ports, 15672 and 15692, would be shared by every node of the run)
         return [*haremq_command(), "node", "--name", self.name, "--data-dir", str(self.data_dir),
-                "--amqp-port", str(self.port), "--bind", HOST, "--segment-size", str(TEST_SEGMENT_SIZE)]
+                "--amqp-port", str(self.port), "--bind", HOST, "--segment-size", str(TEST_SEGMENT_SIZE),
+                "--management-port", "0", "--prometheus-port", "0"]
 
     def start(self, timeout: float = 30.0) -> "Node":
         if self.external:

@@ -157,7 +157,7 @@ def test_dockerfile_runs_as_non_root_with_data_volume_and_ports(dockerfile):
     volumes = " ".join(rest for k, rest in final if k == "VOLUME")
     assert "/var/lib/haremq" in volumes
     exposed = {p for k, rest in final if k == "EXPOSE" for p in rest.split()}
-    assert {"5672", "5671", "25672"} <= exposed, exposed
+    assert {"5672", "5671", "25672", "15672", "15692"} <= exposed, exposed
     entry = [rest for k, rest in final if k == "ENTRYPOINT"]
     assert entry and json.loads(entry[-1])[0] == "haremq"
     cmd = [rest for k, rest in final if k == "CMD"]
@@ -281,7 +281,8 @@ def test_compose_nodes_are_peers_by_service_name(compose_config):
         assert volumes[0]["source"] in compose_config["volumes"] or \
             f"haremq_{volumes[0]['source']}" in {v.get("name") for v in compose_config["volumes"].values()}
         ports[name] = {int(p["target"]): int(p["published"]) for p in svc["ports"]}
-        assert ports[name] == {5672: 5672 + i, 25672: 25672 + i}, ports[name]
+        assert ports[name] == {5672: 5672 + i, 25672: 25672 + i, 15672: 15672 + i, 15692: 15692 + i}, ports[name]
+        assert args.management_port == 15672 and args.prometheus_port == 15692
         assert "haremq" in svc["healthcheck"]["test"] and "health" in svc["healthcheck"]["test"]
     sources = {services[n]["volumes"][0]["source"] for n in NODES}
     assert len(sources) == 3, "the nodes share a volume"
@@ -323,6 +324,10 @@ def _local_argv(command: list[str], ports: dict, amqp: dict, data_dir: Path, sec
     argv[argv.index("--bind") + 1] = "127.0.0.1"
     argv[argv.index("--cluster-port") + 1] = str(ports[name])
     argv[argv.index("--cluster-secret-file") + 1] = str(secret)
+    from tests.conftest import free_port
+    for flag in ("--management-port", "--prometheus-port"):   # three nodes on one host: ports of their own
+        if flag in argv:
+            argv[argv.index(flag) + 1] = str(free_port())
     for i, arg in enumerate(argv):
         if i and argv[i - 1] == "--peer":
             peer = arg.split("=", 1)[0]
@@ -527,7 +532,7 @@ def test_helm_default_render_shape():
     headless = services[spec["serviceName"]]
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
     client = [s for name, s in services.items() if name != spec["serviceName"]]
-    assert len(client) == 1 and {p["port"] for p in client[0]["spec"]["ports"]} == {5672, 5671}
+    assert len(client) == 1 and {p["port"] for p in client[0]["spec"]["ports"]} == {5672, 5671, 15672}
     for svc in services.values():
         assert all(pod_labels[k] == v for k, v in svc["spec"]["selector"].items())
 
@@ -562,6 +567,40 @@ def test_helm_default_render_shape():
     assert ready[:2] == ["haremq", "health"]
     assert "tcpSocket" in container["livenessProbe"] or container["livenessProbe"]["exec"]["command"][:2] == [
         "haremq", "health"]
+
+
+@needs_helm
+def test_helm_management_and_metrics_ports_annotations_and_service_monitor():
+    manifests = docs(render())
+    sts = _statefulset(manifests)
+    container = _container(sts)
+    args = parse_node_args(_node_argv(container, "t-haremq-0", "mq"))
+    assert (args.management_port, args.prometheus_port, args.prometheus_per_queue) == (15672, 15692, "on")
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["management"] == 15672 and ports["prometheus"] == 15692
+    annotations = sts["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "15692",
+                           "prometheus.io/path": "/metrics"}
+    headless = next(s for s in by_kind(manifests, "Service") if s["spec"].get("clusterIP") == "None")
+    assert {"name": "prometheus", "port": 15692, "targetPort": "prometheus", "protocol": "TCP"} in \
+        headless["spec"]["ports"]
+    assert not by_kind(manifests, "ServiceMonitor")
+    assert "exec" in container["readinessProbe"]
+
+    manifests = docs(render(None, "--set", "metrics.serviceMonitor.enabled=true", "--set", "probes.readinessHttp=true",
+                            "--set", "metrics.serviceMonitor.labels.release=kps"))
+    (monitor,) = by_kind(manifests, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "prometheus" and monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["selector"]["matchLabels"] == _statefulset(manifests)["spec"]["selector"]["matchLabels"]
+    assert _container(_statefulset(manifests))["readinessProbe"]["httpGet"] == {"path": "/health", "port": "prometheus"}
+
+    manifests = docs(render(None, "--set", "metrics.enabled=false", "--set", "management.enabled=false"))
+    sts = _statefulset(manifests)
+    container = _container(sts)
+    args = parse_node_args(_node_argv(container, "t-haremq-0", "mq"))
+    assert (args.management_port, args.prometheus_port) == (0, 0)
+    assert "annotations" not in sts["spec"]["template"]["metadata"]
+    assert {p["name"] for p in container["ports"]} == {"amqp", "amqps", "cluster"}
 
 
 @needs_helm

@@ -38,6 +38,9 @@ class Broker(Persistence):
         self.resources = None             # node.alarms.ResourceMonitor, set by the node
         self.log = structlog.get_logger("haremq.broker").bind(node=node_name)
         self.confirming: set = set()   # sessions with confirms to send
+        # message counters of channels that have closed (live ones keep their own; see
+        # node/management/stats.py): published, delivered, acked, confirmed
+        self.retired_totals = [0, 0, 0, 0]
         if store is not None:
             store.on_failure = self._store_failure
             store.after_batch = self._send_confirms
@@ -261,6 +264,15 @@ class Broker(Persistence):
         if self.resources is None:
             return {"alarms": sorted(self.alarms)}
         return self.resources.status()
+
+    def retire_counters(self, channel) -> None:
+        """A channel closes: its message counters go on counting in the node's totals."""
+        totals = self.retired_totals
+        totals[0] += channel.published_total
+        totals[1] += channel.delivered_total
+        totals[2] += channel.acked_total
+        if channel.confirms is not None:
+            totals[3] += channel.confirms.confirmed
 
     def _send_confirms(self) -> None:
         """A write is durable: send the confirms it released now, not on the next loop pass."""

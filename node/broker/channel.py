@@ -72,6 +72,8 @@ class Channel:
         self.backlog: deque = deque()
         self.parked: deque = deque()      # (consumer, entry) pushed by a home node over the global cap
         self.cancels_after_reply: list[str] | None = None   # during queue.delete: basic.cancel after delete-ok
+        # counters read by the management API and /metrics; the broker keeps them when it closes
+        self.published_total = self.delivered_total = self.acked_total = 0
 
     def __repr__(self) -> str:
         return f"<Channel {self.id}>"
@@ -85,6 +87,7 @@ class Channel:
         return self.session.can_write()
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        self.delivered_total += 1
         tag = self.next_tag
         self.next_tag = tag + 1
         message = entry.message
@@ -591,6 +594,7 @@ class Channel:
         if entry is None:
             self.session.send_method(self.id, cmd.Basic.GetEmpty())
             return
+        self.delivered_total += 1
         tag = self.next_tag
         self.next_tag = tag + 1
         message = entry.message
@@ -646,6 +650,8 @@ class Channel:
 
     def _settle(self, records: list[Unacked], requeue: bool | None) -> None:
         """Finish deliveries: acked (requeue None), discarded (False) or put back (True)."""
+        if requeue is None:
+            self.acked_total += len(records)
         touched: dict[Queue, list[Entry]] = defaultdict(list)
         for record in records:
             consumer = record.consumer
@@ -683,6 +689,7 @@ class Channel:
 
     # ---- basic class: publishing ---------------------------------------------------------
     def publish(self, publish, props_raw: bytes, body: bytes) -> None:
+        self.published_total += 1
         if publish.immediate:
             raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true", 60, 40)
         exchange = self.vhost.exchange_for_publish(publish.exchange, publish)
@@ -839,6 +846,7 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        self.session.broker.retire_counters(self)
         self.backlog.clear()
         self.parked.clear()          # still out on their home nodes, which requeue them (below)
         self._drop_reply_to()

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 
 class ConfirmTracker:
-    __slots__ = ("next_seq", "_waiting", "_acks", "_nacks")
+    __slots__ = ("next_seq", "_waiting", "_acks", "_nacks", "confirmed")
 
     def __init__(self):
         self.next_seq = 1
         self._waiting: dict[int, int] = {}   # seq -> signals still to come (insertion = seq order)
         self._acks: list[int] = []
         self._nacks: list[int] = []
+        self.confirmed = 0                   # acks sent so far (management API, /metrics)
 
     def publish(self, signals: int) -> int:
         """Number the next publish; it needs `signals` safe reports before its ack."""
@@ -57,6 +58,7 @@ class ConfirmTracker:
             return []
         acks = sorted(self._acks)
         nacks = sorted(self._nacks)
+        self.confirmed += len(acks)
         self._acks.clear()
         self._nacks.clear()
         out = [(seq, False, True) for seq in nacks]

@@ -108,6 +108,8 @@ class Queue:
         self._unused_timer = None
         self._returns: dict[Entry, int] = {}     # x-delivery-limit: times each entry came back
         self.replica = None                      # cluster.replicator.Replicator while mirrored
+        # counters read by the management API and /metrics (never reset; rates are their deltas)
+        self.published_total = self.delivered_total = self.acked_total = 0
         self._resolve()
 
     # ---- settings: x- arguments and policy ---------------------------------------------
@@ -174,6 +176,7 @@ class Queue:
         if self._would_overflow(message) and self.overflow in (OVERFLOW_REJECT_PUBLISH,
                                                                OVERFLOW_REJECT_PUBLISH_DLX):
             return REFUSED
+        self.published_total += 1
         store = self.store
         outcome = SAFE
         expires = 0.0
@@ -523,6 +526,7 @@ class Queue:
         return entry
 
     def _delivered(self, entry: Entry, no_ack: bool) -> None:
+        self.delivered_total += 1
         if no_ack:
             if entry.msg_id or self.replica is not None:
                 self._forget((entry,))
@@ -541,6 +545,7 @@ class Queue:
 
     def settle(self, entries: list[Entry]) -> None:
         """Delivered entries were acked (or rejected without requeue)."""
+        self.acked_total += len(entries)
         self._forget(entries)
 
     def dispatch(self) -> None:

@@ -17,6 +17,7 @@ restart would bring acked messages back); the oldest segment is compacted
 from __future__ import annotations
 
 import asyncio
+import bisect
 import os
 import time
 from collections import defaultdict
@@ -33,6 +34,8 @@ COMPACT_LIVE_FRACTION = 0.5
 COMPACT_INTERVAL = 5.0
 PROGRESS_EVERY = 256 << 20
 RETRY_INTERVAL = 1.0
+# upper bounds (seconds) of the group-commit time histogram
+SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class StoreError(Exception):
@@ -84,6 +87,8 @@ class MessageStore:
         self.after_batch: Callable[[], None] | None = None   # the waiters of a batch have run
         self.stats = {"batches": 0, "fsyncs": 0, "records": 0, "bytes": 0, "sync_seconds": 0.0,
                       "compacted": 0, "segments_removed": 0}
+        # group commits by how long their write and fsync took (SYNC_BUCKETS, then longer): /metrics
+        self.sync_histogram = [0] * (len(SYNC_BUCKETS) + 1)
         self._pending: list[list] = []          # [[segment, offset, [chunks], size]]
         self._pending_waiters: list = []
         self._pending_meta: Callable[[], bytes] | None = None
@@ -251,6 +256,7 @@ class MessageStore:
         self.stats["batches"] += 1
         self.stats["fsyncs"] += batch.fsyncs
         self.stats["sync_seconds"] += batch.seconds
+        self.sync_histogram[bisect.bisect_left(SYNC_BUCKETS, batch.seconds)] += 1
         ok = batch.error is None
         if ok:
             self.durable_upto = self._inflight_end

@@ -1,0 +1,155 @@
+"""Numbers for the management API, /metrics and the web view, read when asked.
+
+The data path only increments plain integer attributes (`published_total`,
+`delivered_total`, `acked_total` on queues and channels, `confirmed` on a
+channel's confirm tracker; the broker keeps those of closed channels). This
+module reads them. A `Sampler` reads them every few seconds (RabbitMQ's
+`collect_statistics_interval` is 5 s) to turn them into rates, keeps a few
+minutes of the node's history for the web view, and notes what changed in the
+cluster (members going down and up, queue masters moving) as a timeline,
+looking every second.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+INTERVAL = 5.0          # seconds between samples
+WATCH_INTERVAL = 1.0    # seconds between looks at the cluster's members and queue masters
+HISTORY = 120           # samples kept: ten minutes
+EVENTS = 200            # timeline entries kept
+
+
+def channels(broker):
+    for session in list(broker.sessions):
+        for channel in list(session.channels.values()):
+            yield session, channel
+
+
+def node_totals(broker) -> dict:
+    """This node's message counters since it started: what its channels published, delivered,
+    had acked and confirmed (closed channels included)."""
+    published, delivered, acked, confirmed = broker.retired_totals
+    for _session, channel in channels(broker):
+        published += channel.published_total
+        delivered += channel.delivered_total
+        acked += channel.acked_total
+        if channel.confirms is not None:
+            confirmed += channel.confirms.confirmed
+    return {"publish": published, "deliver_get": delivered, "ack": acked, "confirm": confirmed}
+
+
+def local_queues(broker):
+    """(vhost name, queue) for every queue whose messages live on this node."""
+    for vname, vhost in list(broker.vhosts.items()):
+        for queue in list(vhost.queues.values()):
+            if not getattr(queue, "remote", False):
+                yield vname, queue
+
+
+def queue_counters(queue) -> tuple[int, int, int]:
+    return (getattr(queue, "published_total", 0), getattr(queue, "delivered_total", 0),
+            getattr(queue, "acked_total", 0))
+
+
+def rate(now_value, then_value, seconds) -> float:
+    if seconds <= 0 or then_value is None:
+        return 0.0
+    return round(max(0, now_value - then_value) / seconds, 1)
+
+
+class Sampler:
+    """Rates and history from counters sampled every INTERVAL seconds, and the timeline."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.history: deque = deque(maxlen=HISTORY)     # node samples: dicts with "t"
+        self.events: deque = deque(maxlen=EVENTS)
+        self._queues: dict[tuple[str, str], tuple[float, tuple[int, int, int]]] = {}
+        self._queue_rates: dict[tuple[str, str], tuple[float, float, float]] = {}
+        self._node_rates = {"publish": 0.0, "deliver_get": 0.0, "ack": 0.0, "confirm": 0.0}
+        self._members: dict[str, str] = {}
+        self._masters: dict[tuple[str, str], tuple[str, int]] = {}
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.sample()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        ticks = 0
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL)
+            ticks += 1
+            if ticks * WATCH_INTERVAL >= INTERVAL:
+                ticks = 0
+                self.sample()
+            else:
+                self.watch()
+
+    def sample(self) -> None:
+        now = time.time()
+        totals = node_totals(self.broker)
+        ready = unacked = 0
+        seen = {}
+        for vname, queue in local_queues(self.broker):
+            key = (vname, queue.name)
+            counters = queue_counters(queue)
+            before = self._queues.get(key)
+            if before is not None:
+                dt = now - before[0]
+                self._queue_rates[key] = tuple(rate(a, b, dt) for a, b in zip(counters, before[1]))
+            seen[key] = (now, counters)
+            ready += queue.message_count
+            unacked += queue.unacked
+        self._queues = seen
+        self._queue_rates = {k: v for k, v in self._queue_rates.items() if k in seen}
+        if self.history:
+            last = self.history[-1]
+            dt = now - last["t"]
+            self._node_rates = {k: rate(totals[k], last[k], dt) for k in self._node_rates}
+        self.history.append({"t": now, **totals, "messages_ready": ready, "messages_unacknowledged": unacked})
+        self._watch_cluster(now)
+
+    def queue_rates(self, vhost: str, name: str) -> tuple[float, float, float]:
+        return self._queue_rates.get((vhost, name), (0.0, 0.0, 0.0))
+
+    @property
+    def node_rates(self) -> dict:
+        return dict(self._node_rates)
+
+    # ---- the timeline ------------------------------------------------------------------------
+    def note(self, kind: str, text: str, **fields) -> None:
+        self.events.append({"time": round(time.time(), 3), "kind": kind, "text": text, **fields})
+
+    def _watch_cluster(self, now: float) -> None:
+        cluster = self.broker.cluster
+        if cluster is None:
+            return
+        members = {}
+        for row in cluster.membership.status():
+            members[row["name"]] = "paused" if row.get("paused") else ("up" if row["up"] else "down")
+        for name, state in members.items():
+            before = self._members.get(name)
+            if before is not None and before != state:
+                self.note("member", f"{name} is {state}", node=name, state=state)
+        self._members = members
+        masters = {}
+        for key, state in list(cluster.mirroring.states.items()):
+            masters[key] = (state.home, state.epoch)
+            before = self._masters.get(key)
+            if before is not None and before != masters[key]:
+                self.note("failover", f"queue '{key[1]}' in vhost '{key[0]}': master {before[0]} -> {state.home} "
+                          f"(epoch {state.epoch})", vhost=key[0], queue=key[1], old=before[0], new=state.home,
+                          epoch=state.epoch)
+        self._masters = masters
+
+    def watch(self) -> None:
+        """Check the cluster for changes now (the web view polls faster than INTERVAL)."""
+        self._watch_cluster(time.time())

@@ -1,0 +1,113 @@
+"""The live web view in headless Chromium (Debian's chromium + chromium-driver, driven with
+Selenium): the page signs in, shows three nodes and a mirrored queue's master; a node is
+SIGKILLed and the same page, never reloaded, shows it down and the queue's new master.
+A screenshot is saved as a test artifact ($HAREMQ_TEST_ARTIFACTS, default test-artifacts/)."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pika
+import pytest
+
+from tests.conftest import IS_REF, PROJECT_ROOT, unique_name, wait_until
+from tests.management import http, q
+from tests.test_management_cluster import managed_cluster
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+try:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+except ImportError:       # pragma: no cover - selenium is a test dependency
+    webdriver = None
+
+pytestmark = [
+    pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes"),
+    pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
+                       reason="no chromium/chromedriver (apt-get install chromium chromium-driver)"),
+    pytest.mark.skipif(webdriver is None, reason="selenium is not installed"),
+]
+ARTIFACTS = Path(os.environ.get("HAREMQ_TEST_ARTIFACTS", PROJECT_ROOT / "test-artifacts"))
+
+
+@pytest.fixture
+def browser(tmp_path):
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                 f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=DRIVER))
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    members, partition = managed_cluster(tmp_path / "cluster")
+    yield members
+    for m in members.values():
+        m.kill9()
+    partition["close"]()
+
+
+# read the page in one script call: it redraws its tables every second, so elements found
+# in one call may be gone by the next
+NODES_JS = "return Array.from(document.querySelectorAll('#nodes tbody tr')).map(r => [r.dataset.node, r.dataset.state]);"
+QUEUES_JS = ("return Array.from(document.querySelectorAll('#queues tbody tr')).map(r => ({queue: r.dataset.queue, "
+             "master: r.dataset.master, cells: Array.from(r.cells).map(c => c.textContent)}));")
+FAILOVERS_JS = "return Array.from(document.querySelectorAll('#timeline li.failover')).map(li => li.textContent);"
+
+
+def node_states(driver) -> dict:
+    return dict(driver.execute_script(NODES_JS))
+
+
+def queue_row(driver, name) -> dict | None:
+    return next((r for r in driver.execute_script(QUEUES_JS) if r["queue"] == name), None)
+
+
+def test_the_page_follows_a_failover_without_reloading(cluster, browser):
+    hare1, hare2 = cluster["hare1"], cluster["hare2"]
+    policy = {"pattern": "^ha\\.", "definition": {"ha-mode": "all", "ha-sync-mode": "automatic"},
+              "apply-to": "queues"}
+    assert http("PUT", hare1.management_port, "/api/policies/%2F/ha-all", policy)[0] == 201
+    name = "ha." + unique_name("web")
+    assert http("PUT", hare2.management_port, f"/api/queues/%2F/{q(name)}", {"durable": True})[0] == 201
+    c = pika.BlockingConnection(pika.URLParameters(hare1.url))
+    ch = c.channel()
+    ch.confirm_delivery()
+    for i in range(5):
+        ch.basic_publish("", name, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    c.close()
+
+    browser.get(f"http://127.0.0.1:{hare1.management_port}/")
+    browser.find_element(By.ID, "password").send_keys("guest")
+    browser.find_element(By.ID, "signin").click()
+    browser.execute_script("window.haremqNotReloaded = true;")
+
+    wait_until(lambda: node_states(browser) == {"hare1": "up", "hare2": "up", "hare3": "up"}, 20, 0.2)
+
+    def synced_on_hare2():
+        row = queue_row(browser, name)
+        if row is None or row["master"] != "hare2":
+            return None
+        return row["cells"] if sorted(row["cells"][4].split(", ")) == ["hare1", "hare3"] else None
+    cells = wait_until(synced_on_hare2, 30, 0.2)
+    assert cells[7] == "5"          # ready messages, counted by the home node
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "web-view-before-failover.png"))
+
+    hare2.kill9()
+    wait_until(lambda: node_states(browser).get("hare2") == "down", 20, 0.2)
+    new_master = wait_until(lambda: (lambda r: r["master"] if r is not None and r["master"] in ("hare1", "hare3")
+                                     else None)(queue_row(browser, name)), 30, 0.2)
+    failover = wait_until(lambda: browser.execute_script(FAILOVERS_JS), 20, 0.2)
+    assert f"master hare2 -> {new_master}" in failover[0]
+    assert browser.execute_script("return window.haremqNotReloaded === true;")
+    browser.save_screenshot(str(ARTIFACTS / "web-view-after-failover.png"))
+    assert (ARTIFACTS / "web-view-after-failover.png").stat().st_size > 0
