@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +14,8 @@ import grpc
 import pika
 import pytest
 
-from tests.clusters import SECRET, ClusterMember, ctl, ctl_json, launch, proxied_cluster, queue_row
+from tests.clusters import (SECRET, ClusterMember, control, ctl, ctl_json, launch, leader_and_term, proxied_cluster,
+                            queue_row)
 from tests.conftest import IS_REF, free_port, port_open, wait_until
 
 pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
@@ -116,6 +118,56 @@ def test_minority_side_pauses_and_resumes_after_healing(cluster):
         partition["heal"]()
     wait_until(lambda: port_open(hare1.port, 0.2), timeout=15, message="hare1 did not resume after healing")
     pika.BlockingConnection(pika.URLParameters(hare1.url)).close()
+
+
+@pytest.mark.parametrize("away", ["stopped", "partitioned"])
+def test_a_returning_member_does_not_raise_the_term_while_the_leader_is_healthy(cluster, away):
+    """A member that was stopped (SIGSTOP) or cut off, and comes back, must not call an election
+    that deposes the leader the other two still follow (pre-vote, leader stickiness): the leader
+    and the Raft term stay the same throughout, and the member follows that leader again."""
+    members, partition = cluster
+    leader, term = wait_until(lambda: leader_and_term(members), timeout=15)
+    if away == "stopped":
+        returning = next(m for m in members if m.name != leader)
+    else:
+        returning = members[0]                   # the proxies cut hare1 off
+        if leader == returning.name:             # let the other two elect one of themselves first
+            returning.kill9()
+            leader, term = wait_until(lambda: leader_and_term(members[1:]), timeout=15)
+            returning.start(timeout=60)
+            wait_until(lambda: leader_and_term(members) == (leader, term), timeout=15)
+    others = [m for m in members if m is not returning]
+    if away == "stopped":
+        os.killpg(returning.proc.pid, signal.SIGSTOP)
+    else:
+        partition["cut"]()
+    try:
+        time.sleep(4.0)      # past the failure timeout and several election timeouts
+    finally:
+        if away == "stopped":
+            os.killpg(returning.proc.pid, signal.SIGCONT)
+        else:
+            partition["heal"]()
+    back = time.monotonic()
+    views, follows = set(), None
+    while time.monotonic() < back + 4.0:
+        for m in members:
+            try:
+                status = control(m, "cluster_status", timeout=2.0)
+            except grpc.RpcError:
+                continue
+            if m is returning:
+                if follows is None and (status["leader"], status["term"]) == (leader, term):
+                    follows = time.monotonic() - back
+            else:
+                views.add((status["leader"], status["term"]))
+        time.sleep(0.05)
+    print(f"\n{returning.name} {away} for 4 s: follows {leader} again after "
+          f"{follows if follows is None else round(follows, 2)} s; the others saw (leader, term) {sorted(views, key=str)}, "
+          f"term {term} before")
+    assert views == {(leader, term)}, "the leader changed or the term rose while a member came back"
+    assert follows is not None, f"{returning.name} never followed {leader} again:\n{returning.log_tail()}"
+    assert leader_and_term(members) == (leader, term)
 
 
 def test_generated_grpc_modules_match_the_proto():
@@ -510,8 +562,10 @@ def test_cluster_port_with_mutual_tls(tmp_path):
         def argv(self):
             return super().argv() + tls_args
 
+    # peers by name: a node dials the address the name resolves to and checks the certificate
+    # against the name
     members = [TLSMember(n, tmp_path / n, ports[n],
-                         {o: f"127.0.0.1:{ports[o]}" for o in ports if o != n}, secret_file) for n in ports]
+                         {o: f"localhost:{ports[o]}" for o in ports if o != n}, secret_file) for n in ports]
     try:
         launch(members)
         r = ctl(members[0], "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"]),
