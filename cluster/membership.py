@@ -233,6 +233,7 @@ class Membership:
                     raise _WrongMember()
                 peer.last_seen = time.monotonic()
                 peer.refused = False
+                peer.redial = False
                 peer.paused = reply.paused
                 peer.leader = reply.leader
                 peer.sees_down = frozenset(reply.down)

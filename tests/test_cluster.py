@@ -703,3 +703,64 @@ def test_passive_declare_via_another_node_reports_the_home_counts(cluster):
     assert ok.consumer_count == 1
     ok2 = ch3.queue_declare("counted").method        # an equivalent redeclare, through the cluster
     assert ok2.consumer_count == 1
+
+
+# ---- Raft's election rules, in-process (no nodes: the rules a returning member is held to) ----------
+class _Members:
+    """What Raft asks of membership, as plain state: which peers are up, and the majority."""
+
+    def __init__(self, peers):
+        self.peers = {p: object() for p in peers}
+        self.up = set(peers)
+        self.probed = []
+
+    size = property(lambda self: len(self.peers) + 1)
+    has_majority = property(lambda self: (len(self.up) + 1) * 2 > self.size)
+
+    def is_up(self, name):
+        return name in self.up
+
+    def probe(self, name):
+        self.probed.append(name)
+
+
+def test_pre_vote_and_leader_stickiness_keep_the_term(tmp_path):
+    import asyncio
+
+    from cluster.raft import ELECTION_MIN, Raft, RaftStorage
+    from cluster.rpc import cluster_pb2 as pb
+
+    async def scenario():
+        members = _Members(["hare1", "hare3"])
+        raft = Raft("hare2", members, RaftStorage(tmp_path / "raft"), lambda i, c: None)
+        raft.storage.term = 5
+        await raft.on_append_entries(pb.AppendRequest(term=5, leader="hare1", prev_log_index=0))
+        assert raft.leader == "hare1" and raft.hears_from_leader()
+
+        def ask(term, pre_vote):
+            return raft.on_request_vote(pb.VoteRequest(term=term, candidate="hare3", pre_vote=pre_vote))
+        # hare3 comes back while hare1 leads: neither a pre-vote nor a real vote is granted,
+        # and the term stays
+        for pre_vote in (True, False):
+            reply = await ask(6, pre_vote)
+            assert not reply.granted and reply.term == 5 and raft.term == 5 and raft.storage.voted_for is None
+        assert members.probed == ["hare1", "hare1"]     # is the leader really there? asked at once
+        # the leader is gone (its port refuses): hare3 may become leader
+        members.up.discard("hare1")
+        reply = await ask(6, True)
+        assert reply.granted and raft.term == 5 and raft.storage.voted_for is None   # a pre-vote changes nothing
+        assert not (await ask(5, True)).granted        # a pre-vote must be for a later term
+        reply = await ask(6, False)
+        assert reply.granted and raft.term == 6 and raft.storage.voted_for == "hare3"
+        # the new leader is followed; once silent for the minimum election timeout, it is not
+        members.up.add("hare3")
+        await raft.on_append_entries(pb.AppendRequest(term=6, leader="hare3", prev_log_index=0))
+        assert raft.hears_from_leader()
+        raft._leader_heard -= ELECTION_MIN
+        assert not raft.hears_from_leader()
+        # a leader counts as heard from while it sees a majority, and no longer without one
+        raft.role = "leader"
+        assert raft.hears_from_leader()
+        members.up.clear()
+        assert not raft.hears_from_leader()
+    asyncio.run(scenario())
