@@ -252,13 +252,8 @@ class Membership:
                 elif exc.code() == grpc.StatusCode.UNAUTHENTICATED and was_up is not None:
                     self.log.error("member refuses our cluster secret", member=peer.name)
                     was_up = None
-                elif exc.code() == grpc.StatusCode.UNAVAILABLE and peer.last_seen and not peer.refused:
-                    peer.refused = True
-                    self.log.warning("member down: its port refuses connections", member=peer.name)
-                    self._evaluate()
-                    for other in self.peers.values():     # have the others' views of it refreshed
-                        if other is not peer and other.probe is not None:
-                            other.probe.set()
+                elif exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._refused(peer)
                 if not peer.is_up(time.monotonic(), self.failure_timeout):
                     was_up = False
                     self._peer_alarms(peer, frozenset())     # a member that is down blocks nobody
@@ -269,6 +264,34 @@ class Membership:
             except asyncio.TimeoutError:
                 pass
             peer.probe.clear()
+
+    def _refused(self, peer: Peer) -> None:
+        """Its port refuses connections: the process is gone, it is down now."""
+        if peer.last_seen and not peer.refused:
+            peer.refused = True
+            self.log.warning("member down: its port refuses connections", member=peer.name)
+            self._evaluate()
+            for other in self.peers.values():     # have the others' views of it refreshed
+                if other is not peer and other.probe is not None:
+                    other.probe.set()
+
+    async def reachable(self, name: str, timeout: float = 0.25) -> bool:
+        """Ping `name` now. False only if its port refuses us (which marks it down at once): a
+        slow answer is no proof that it is gone."""
+        peer = self.peers.get(name)
+        if peer is None or peer.stub is None:
+            return False
+        try:
+            reply = await peer.stub.Ping(pb.PingRequest(node=self.name), timeout=timeout, metadata=self.metadata())
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                return True
+        else:
+            if not reply.node or reply.node == peer.name:
+                peer.last_seen = time.monotonic()
+                return True
+        self._refused(peer)
+        return False
 
     def _peer_alarms(self, peer: Peer, alarms: frozenset) -> None:
         if alarms != peer.alarms:

@@ -125,6 +125,7 @@ class Raft:
         self.log = structlog.get_logger("haremq.raft").bind(node=name)
         self._deadline = self._new_deadline()
         self._leader_heard = 0.0         # when an AppendEntries from the leader was last accepted
+        self._voted_at = 0.0             # when this node last granted its vote to another
         self._waiters: dict[int, asyncio.Future] = {}
         self._io = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
@@ -206,12 +207,16 @@ class Raft:
     async def _elect(self) -> None:
         """Pre-vote, then (with a majority of yeses) the election proper in term + 1."""
         self._deadline = self._new_deadline()
+        started = time.monotonic()
         if not await self._poll(pre_vote=True):
             return
+        if max(self._voted_at, self._leader_heard) >= started:
+            return       # meanwhile we voted for another candidate, or heard from a leader
         self.role = "candidate"
         self.storage.term += 1
         self.storage.voted_for = self.name
         self.leader = None
+        self.log.info("raft election", term=self.storage.term)
         await self._persist_state()
         self._deadline = self._new_deadline()
         if await self._poll(pre_vote=False):
@@ -256,10 +261,11 @@ class Raft:
             return pb.VoteReply(term=self.storage.term, granted=False)
         up_to_date = (request.last_log_term, request.last_log_index) >= (self.storage.last_term,
                                                                            self.storage.last_index)
-        if self.hears_from_leader():
-            # a node coming back must not depose a leader we follow: no vote, and our term stays
-            if self.role != "leader":
-                self.membership.probe(self.leader)     # is it really still there? the next ask knows
+        if self.hears_from_leader() and (self.role == "leader" or not request.pre_vote
+                                         or await self.membership.reachable(self.leader)):
+            # a node coming back must not depose a leader we follow: no vote, and our term stays.
+            # (A leader that has just died would hold up the failover until our lease ran out:
+            # a pre-vote has it pinged now, and its refused port ends the lease at once.)
             return pb.VoteReply(term=self.storage.term, granted=False)
         if request.pre_vote:
             granted = request.term > self.storage.term and up_to_date
@@ -271,9 +277,13 @@ class Raft:
                 self.storage.voted_for in (None, request.candidate):
             self.storage.voted_for = request.candidate
             self.leader = None       # an election is on: the old leader is not waited for any more
+            # the candidate gets its election timeout from now, not from when our write ends
+            # (our own timer, expired meanwhile, would start a rival election in term + 1)
+            self._deadline = self._new_deadline()
+            self._voted_at = time.monotonic()
+            self.log.info("raft vote", candidate=request.candidate, term=request.term)
             await self._persist_state()
             granted = True
-            self._deadline = self._new_deadline()
         return pb.VoteReply(term=self.storage.term, granted=granted)
 
     # ---- replication ------------------------------------------------------------------------

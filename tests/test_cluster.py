@@ -707,12 +707,14 @@ def test_passive_declare_via_another_node_reports_the_home_counts(cluster):
 
 # ---- Raft's election rules, in-process (no nodes: the rules a returning member is held to) ----------
 class _Members:
-    """What Raft asks of membership, as plain state: which peers are up, and the majority."""
+    """What Raft asks of membership, as plain state: which peers are up (as last seen) and which
+    are truly alive (what pinging one now finds), and the majority."""
 
     def __init__(self, peers):
         self.peers = {p: object() for p in peers}
         self.up = set(peers)
-        self.probed = []
+        self.alive = set(peers)
+        self.pinged = []
 
     size = property(lambda self: len(self.peers) + 1)
     has_majority = property(lambda self: (len(self.up) + 1) * 2 > self.size)
@@ -721,7 +723,13 @@ class _Members:
         return name in self.up
 
     def probe(self, name):
-        self.probed.append(name)
+        pass
+
+    async def reachable(self, name):
+        self.pinged.append(name)
+        if name not in self.alive:
+            self.up.discard(name)
+        return name in self.alive
 
 
 def test_pre_vote_and_leader_stickiness_keep_the_term(tmp_path):
@@ -744,11 +752,12 @@ def test_pre_vote_and_leader_stickiness_keep_the_term(tmp_path):
         for pre_vote in (True, False):
             reply = await ask(6, pre_vote)
             assert not reply.granted and reply.term == 5 and raft.term == 5 and raft.storage.voted_for is None
-        assert members.probed == ["hare1", "hare1"]     # is the leader really there? asked at once
-        # the leader is gone (its port refuses): hare3 may become leader
-        members.up.discard("hare1")
+        assert members.pinged == ["hare1"]     # a pre-vote has the leader checked at once
+        # the leader has just died, unnoticed so far: the pre-vote's ping finds it gone
+        members.alive.discard("hare1")
         reply = await ask(6, True)
         assert reply.granted and raft.term == 5 and raft.storage.voted_for is None   # a pre-vote changes nothing
+        assert members.pinged == ["hare1", "hare1"] and not members.is_up("hare1")
         assert not (await ask(5, True)).granted        # a pre-vote must be for a later term
         reply = await ask(6, False)
         assert reply.granted and raft.term == 6 and raft.storage.voted_for == "hare3"
