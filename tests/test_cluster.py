@@ -133,7 +133,8 @@ def test_a_returning_member_does_not_raise_the_term_while_the_leader_is_healthy(
         returning = members[0]                   # the proxies cut hare1 off
         if leader == returning.name:             # let the other two elect one of themselves first
             returning.kill9()
-            leader, term = wait_until(lambda: leader_and_term(members[1:]), timeout=15)
+            leader, term = wait_until(lambda: (lambda lt: lt if lt and lt[0] != returning.name else None)(
+                leader_and_term(members[1:])), timeout=15)
             returning.start(timeout=60)
             wait_until(lambda: leader_and_term(members) == (leader, term), timeout=15)
     others = [m for m in members if m is not returning]
@@ -149,24 +150,26 @@ def test_a_returning_member_does_not_raise_the_term_while_the_leader_is_healthy(
         else:
             partition["heal"]()
     back = time.monotonic()
-    views, follows = set(), None
+    views, rejoined = set(), None
     while time.monotonic() < back + 4.0:
+        statuses = {}
         for m in members:
             try:
-                status = control(m, "cluster_status", timeout=2.0)
+                statuses[m.name] = control(m, "cluster_status", timeout=2.0)
             except grpc.RpcError:
-                continue
-            if m is returning:
-                if follows is None and (status["leader"], status["term"]) == (leader, term):
-                    follows = time.monotonic() - back
-            else:
-                views.add((status["leader"], status["term"]))
+                pass
+        views.update((st["leader"], st["term"]) for n, st in statuses.items() if n != returning.name)
+        own = statuses.get(returning.name)
+        if rejoined is None and own and (own["leader"], own["term"]) == (leader, term) and all(
+                n in statuses and next(r for r in statuses[n]["members"] if r["name"] == returning.name)["up"]
+                for n in (m.name for m in others)):
+            rejoined = time.monotonic() - back
         time.sleep(0.05)
-    print(f"\n{returning.name} {away} for 4 s: follows {leader} again after "
-          f"{follows if follows is None else round(follows, 2)} s; the others saw (leader, term) {sorted(views, key=str)}, "
-          f"term {term} before")
+    print(f"\n{returning.name} {away} for 4 s: up again for the others, following {leader}, after "
+          f"{rejoined if rejoined is None else round(rejoined, 2)} s; the others saw (leader, term) "
+          f"{sorted(views, key=str)}, term {term} before")
     assert views == {(leader, term)}, "the leader changed or the term rose while a member came back"
-    assert follows is not None, f"{returning.name} never followed {leader} again:\n{returning.log_tail()}"
+    assert rejoined is not None, f"{returning.name} never rejoined under {leader}:\n{returning.log_tail()}"
     assert leader_and_term(members) == (leader, term)
 
 
