@@ -763,7 +763,12 @@ def test_a_member_restarted_with_a_new_address_is_a_synchronised_mirror_again_at
         victim.host = new_address
         hosts.point(hosts.name_for(victim.name), new_address)
         started = time.monotonic()
-        runner = threading.Thread(target=victim.start, kwargs={"timeout": 60}, daemon=True)
+        serving = []
+
+        def start():
+            victim.start(timeout=60)
+            serving.append(time.monotonic() - started)
+        runner = threading.Thread(target=start, daemon=True)
         runner.start()
         in_status = synced = None
         views = set()
@@ -787,6 +792,7 @@ def test_a_member_restarted_with_a_new_address_is_a_synchronised_mirror_again_at
         print(f"\nrejoin with a new address ({victim.name} -> {new_address}): back in cluster-status "
               f"on every peer after {in_status if in_status is None else round(in_status, 2)} s, "
               f"synchronised mirror after {synced if synced is None else round(synced, 2)} s "
+              f"(its own AMQP port open after {round(serving[0], 2) if serving else None} s) "
               f"(issue 16's target: 3 s); leader {leader}, term {term} before; while it rejoined the others "
               f"saw leaders {sorted({v[1] for v in views}, key=str)}, terms {sorted({v[2] for v in views})}")
         assert synced is not None, f"{victim.name} never became a synchronised mirror again:\n{victim.log_tail()}"
