@@ -70,6 +70,7 @@ class Control:
             "majority": bool(membership.has_majority),
             "paused": membership.paused,
             "leader": self.node.leader_name(),
+            "term": self.node.raft.term,     # a term that keeps rising means elections keep being called
             "alarms": sorted(self.broker.alarms_in_force),
             "alarms_by_node": {n: sorted(a) for n, a in
                                {self.node.name: self.broker.alarms, **self.broker.peer_alarms}.items() if a},

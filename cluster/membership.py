@@ -4,11 +4,23 @@ A member not heard from for longer than the failure timeout is down. A node
 that cannot see a majority of the members (itself included) pauses: it stops
 serving AMQP until it sees a majority again (pause-minority, MIR-5), so the
 two sides of a partition never both accept work.
+
+Members are named NAME=HOST:PORT, and HOST may be a DNS name whose address
+changes when the member restarts (a Kubernetes pod keeps its name and gets a
+new IP). gRPC would keep dialling the address it resolved (it re-resolves at
+most every 30 s), so a node resolves each peer's name itself (getaddrinfo:
+/etc/hosts, then DNS), dials the addresses it found, and resolves the name
+again whenever a ping fails: a new address gets a new channel at once. A
+member that pings us while we cannot reach it is alive, so our channel to it
+is stale (an old address, or a reconnect backoff): it is dialled afresh.
 """
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,6 +33,8 @@ from .rpc import cluster_pb2_grpc as pbg
 from .secret import call_metadata
 
 PING_INTERVAL = 0.25
+RESOLVE_TIMEOUT = 2.0     # a name that does not resolve in this long keeps the channel it has
+REDIAL_MIN_INTERVAL = 1.0  # a stale channel is replaced at most this often
 CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 1000),
     ("grpc.keepalive_timeout_ms", 1000),
@@ -32,7 +46,23 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    # a channel dialled afresh connects at once rather than sharing a subchannel in backoff
+    ("grpc.use_local_subchannel_pool", 1),
 ]
+
+
+def split_address(address: str) -> tuple[str, str]:
+    """HOST:PORT (or [V6]:PORT) -> (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), port
+
+
+def is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass
@@ -48,9 +78,17 @@ class Peer:
     probe: asyncio.Event | None = None
     sees_down: frozenset = frozenset()   # the members it said it considers down, in its last reply
     alarms: frozenset = frozenset()      # its own resource alarms, in its last reply
+    target: str = ""                     # what the channel dials: `address` as it resolved
+    dialled_at: float = 0.0
+    redial: bool = False                 # it pinged us while we could not reach it
+    resolving: asyncio.Future | None = None
 
     def is_up(self, now: float, timeout: float) -> bool:
         return self.last_seen > 0 and not self.refused and now - self.last_seen < timeout
+
+
+class _WrongMember(Exception):
+    """A ping answered by a member other than the one dialled."""
 
 
 class Membership:
@@ -68,6 +106,9 @@ class Membership:
         self.on_alarms: Callable[[str, frozenset], None] | None = None   # a member's alarms changed
         self.on_removed: Callable[[str], None] | None = None   # a member says we were forgotten
         self._tasks: list[asyncio.Task] = []
+        self._closing: set[asyncio.Future] = set()
+        # getaddrinfo blocks: its own threads, so a slow DNS never holds up the store's or Raft's
+        self._resolver = ThreadPoolExecutor(max_workers=2, thread_name_prefix="haremq-resolve")
 
     @property
     def size(self) -> int:
@@ -77,9 +118,11 @@ class Membership:
         return call_metadata(self.secret)
 
     async def start(self) -> None:
-        for peer in self.peers.values():
-            peer.channel = transport.channel(peer.address, self.tls, CHANNEL_OPTIONS)
-            peer.stub = pbg.ClusterStub(peer.channel)
+        peers = list(self.peers.values())
+        targets = await asyncio.gather(*(self._resolve(p.address) for p in peers))
+        for peer, target in zip(peers, targets):
+            # a name that does not resolve yet is dialled as it is: gRPC resolves it meanwhile
+            self._dial(peer, target or peer.address)
             peer.probe = asyncio.Event()
             self._tasks.append(asyncio.create_task(self._ping_loop(peer)))
         self._tasks.append(asyncio.create_task(self._watch()))
@@ -90,8 +133,82 @@ class Membership:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for peer in self.peers.values():
+            if peer.resolving is not None:
+                peer.resolving.cancel()
             if peer.channel is not None:
                 await peer.channel.close()
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        self._resolver.shutdown(wait=False, cancel_futures=True)
+
+    # ---- finding a member by name -------------------------------------------------------------
+    async def _resolve(self, address: str) -> str | None:
+        """The gRPC target for HOST:PORT as HOST resolves now (every address it has, sorted so
+        that the same answer gives the same target), or None if it does not resolve."""
+        host, port = split_address(address)
+        if is_ip(host):
+            return address
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(loop.run_in_executor(
+                self._resolver, socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM), RESOLVE_TIMEOUT)
+        except (OSError, asyncio.TimeoutError) as exc:
+            self.log.debug("peer name does not resolve", address=address, error=str(exc) or "timeout")
+            return None
+        v4 = sorted({info[4][0] for info in infos if info[0] == socket.AF_INET})
+        if v4:
+            return "ipv4:" + ",".join(f"{ip}:{port}" for ip in v4)
+        v6 = sorted({info[4][0] for info in infos if info[0] == socket.AF_INET6})
+        return "ipv6:" + ",".join(f"[{ip}]:{port}" for ip in v6) if v6 else None
+
+    def _dial(self, peer: Peer, target: str) -> None:
+        """A new channel to `target`; the old one is closed once its calls had a moment to end."""
+        host, _port = split_address(peer.address)
+        options = list(CHANNEL_OPTIONS)
+        if self.tls is not None and not is_ip(host):
+            options.append(("grpc.ssl_target_name_override", host))   # its certificate names HOST
+        old = peer.channel
+        peer.channel = transport.channel(target, self.tls, options)
+        peer.stub = pbg.ClusterStub(peer.channel)
+        peer.target = target
+        peer.dialled_at = time.monotonic()
+        if old is not None:
+            closing = asyncio.ensure_future(old.close(grace=1.0))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+    def _reresolve(self, peer: Peer) -> None:
+        """Resolve the peer's name again (in the background, one lookup at a time) and dial the
+        new address if it moved, or the same one afresh if the peer is known to be alive."""
+        if peer.resolving is not None and not peer.resolving.done():
+            return
+
+        async def run():
+            target = await self._resolve(peer.address)
+            if target is None or self.peers.get(peer.name) is not peer:
+                return
+            moved = target != peer.target
+            stale = peer.redial and time.monotonic() - peer.dialled_at >= REDIAL_MIN_INTERVAL
+            if not (moved or stale):
+                return
+            if moved:
+                self.log.info("member has a new address: dialling it", member=peer.name, address=peer.address,
+                              old=peer.target, new=target)
+            else:
+                self.log.info("member pings us but we cannot reach it: dialling it afresh", member=peer.name,
+                              target=target)
+            peer.redial = False
+            self._dial(peer, target)
+            if peer.probe is not None:
+                peer.probe.set()            # ping it through the new channel now
+        peer.resolving = asyncio.ensure_future(run())
+
+    def heard_from(self, name: str) -> None:
+        """`name` pinged us: it is alive. If we cannot reach it, our channel is stale."""
+        peer = self.peers.get(name)
+        if peer is None or peer.channel is None or peer.is_up(time.monotonic(), self.failure_timeout):
+            return
+        peer.redial = True
+        self._reresolve(peer)
 
     def forget(self, name: str) -> bool:
         peer = self.peers.pop(name, None)
@@ -108,8 +225,15 @@ class Membership:
             try:
                 reply = await peer.stub.Ping(pb.PingRequest(node=self.name), timeout=1.0,
                                              metadata=self.metadata())
+                if reply.node and reply.node != peer.name:
+                    # another member has the address now (an IP reused after a restart)
+                    if peer.last_seen and not peer.refused:
+                        self.log.warning("another member answers at this member's old address",
+                                         member=peer.name, answered=reply.node, target=peer.target)
+                    raise _WrongMember()
                 peer.last_seen = time.monotonic()
                 peer.refused = False
+                peer.redial = False
                 peer.paused = reply.paused
                 peer.leader = reply.leader
                 peer.sees_down = frozenset(reply.down)
@@ -119,17 +243,17 @@ class Membership:
                 if not was_up:
                     self.log.info("member up", member=peer.name)
                     was_up = True
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAUTHENTICATED and was_up is not None:
+            except (grpc.aio.AioRpcError, _WrongMember) as exc:
+                self._reresolve(peer)        # every failed ping: has its name moved?
+                if isinstance(exc, _WrongMember):
+                    peer.refused = bool(peer.last_seen)
+                    if peer.refused:
+                        self._evaluate()
+                elif exc.code() == grpc.StatusCode.UNAUTHENTICATED and was_up is not None:
                     self.log.error("member refuses our cluster secret", member=peer.name)
                     was_up = None
-                elif exc.code() == grpc.StatusCode.UNAVAILABLE and peer.last_seen and not peer.refused:
-                    peer.refused = True
-                    self.log.warning("member down: its port refuses connections", member=peer.name)
-                    self._evaluate()
-                    for other in self.peers.values():     # have the others' views of it refreshed
-                        if other is not peer and other.probe is not None:
-                            other.probe.set()
+                elif exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._refused(peer)
                 if not peer.is_up(time.monotonic(), self.failure_timeout):
                     was_up = False
                     self._peer_alarms(peer, frozenset())     # a member that is down blocks nobody
@@ -140,6 +264,34 @@ class Membership:
             except asyncio.TimeoutError:
                 pass
             peer.probe.clear()
+
+    def _refused(self, peer: Peer) -> None:
+        """Its port refuses connections: the process is gone, it is down now."""
+        if peer.last_seen and not peer.refused:
+            peer.refused = True
+            self.log.warning("member down: its port refuses connections", member=peer.name)
+            self._evaluate()
+            for other in self.peers.values():     # have the others' views of it refreshed
+                if other is not peer and other.probe is not None:
+                    other.probe.set()
+
+    async def reachable(self, name: str, timeout: float = 0.25) -> bool:
+        """Ping `name` now. False only if its port refuses us (which marks it down at once): a
+        slow answer is no proof that it is gone."""
+        peer = self.peers.get(name)
+        if peer is None or peer.stub is None:
+            return False
+        try:
+            reply = await peer.stub.Ping(pb.PingRequest(node=self.name), timeout=timeout, metadata=self.metadata())
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                return True
+        else:
+            if not reply.node or reply.node == peer.name:
+                peer.last_seen = time.monotonic()
+                return True
+        self._refused(peer)
+        return False
 
     def _peer_alarms(self, peer: Peer, alarms: frozenset) -> None:
         if alarms != peer.alarms:
@@ -196,7 +348,7 @@ class Membership:
         now = time.monotonic()
         rows = [{"name": self.name, "address": "self", "up": True, "paused": self.paused, "self": True}]
         for peer in self.peers.values():
-            rows.append({"name": peer.name, "address": peer.address,
+            rows.append({"name": peer.name, "address": peer.address, "dialling": peer.target,
                          "up": peer.is_up(now, self.failure_timeout),
                          "paused": peer.paused if peer.is_up(now, self.failure_timeout) else None,
                          "last_seen_s": round(now - peer.last_seen, 2) if peer.last_seen else None,

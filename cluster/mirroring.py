@@ -29,6 +29,7 @@ from .mirror import MirrorQueue
 from .replicator import Replicator
 
 TICK = 0.05
+STREAM_CATCH_UP = 2.0     # how long a mirror stream waits for this node's log to catch up
 
 
 class Mirroring:
@@ -168,6 +169,24 @@ class Mirroring:
         if self.node not in state.mirrors:
             return f"{self.node} is not a mirror of queue '{name}'"
         return ""
+
+    async def admit_stream(self, vhost: str, name: str, epoch: int, master: str,
+                           timeout: float = STREAM_CATCH_UP) -> str:
+        """check_stream, but a refusal that only says this node is behind on the metadata log
+        (a restarted node the master reached before the leader: no such queue here yet, an older
+        epoch, not yet a mirror) waits briefly for the log to catch up, so the mirror syncs at
+        once instead of the master retrying. A stale master (older epoch) is refused at once."""
+        deadline = time.monotonic() + timeout
+        while True:
+            refusal = self.check_stream(vhost, name, epoch, master)
+            state = self.states.get((vhost, name))
+            behind = state is None or state.epoch < epoch or (state.epoch == epoch and state.home == master)
+            if not refusal or not behind or time.monotonic() >= deadline:
+                if refusal and behind:
+                    self.log.info("mirror stream refused: the metadata log did not catch up", vhost=vhost,
+                                  queue=name, master=master, epoch=epoch, reason=refusal)
+                return refusal
+            await asyncio.sleep(0.01)
 
     def check_link(self, vhost: str, name: str, epoch: int) -> str:
         """A queue link from another node with an older (or newer) view of the master."""

@@ -9,6 +9,15 @@ read in one sitting, and its election rule (only a node with every committed
 entry can win) is what makes a failover safe. Log compaction is not needed
 yet: metadata changes are few.
 
+A node that comes back (restarted, resumed after a stop, or out of a
+partition) must not depose a leader the majority still follows, so an
+election goes in two rounds (pre-vote, Raft thesis 9.6): a node first asks
+whether it would be elected, without raising its term, and only with a
+majority of yeses starts the real election. A node says no while it hears
+from a leader (leader stickiness, thesis 4.2.3), and ignores even a real
+vote request then, so a returning node never inflates the term. A leader
+that cannot see a majority any more steps down (check-quorum).
+
 The log and the vote live in DATA_DIR/raft: `state.json` (term, vote) and
 `log.jsonl` (one entry per line), appended and fsynced off the event loop
 before a vote or an append is answered.
@@ -115,6 +124,8 @@ class Raft:
         self.match_index: dict[str, int] = {}
         self.log = structlog.get_logger("haremq.raft").bind(node=name)
         self._deadline = self._new_deadline()
+        self._leader_heard = 0.0         # when an AppendEntries from the leader was last accepted
+        self._voted_at = 0.0             # when this node last granted its vote to another
         self._waiters: dict[int, asyncio.Future] = {}
         self._io = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
@@ -146,7 +157,13 @@ class Raft:
         while True:
             await asyncio.sleep(HEARTBEAT / 3 if self.role != "leader" else HEARTBEAT)
             try:
-                if self.role == "leader":
+                if self.role == "leader" and self.membership.has_majority is False:
+                    # check-quorum: cut off from the majority, which may elect another leader
+                    self.log.warning("raft leader cannot see a majority: stepping down", term=self.term)
+                    self.leader = None
+                    await self._step_down(self.term)
+                    self._deadline = self._new_deadline()
+                elif self.role == "leader":
                     for peer in list(self.membership.peers.values()):
                         if peer.name not in self._replicating:
                             self._replicating.add(peer.name)
@@ -178,29 +195,55 @@ class Raft:
         self.role = "follower"
         self._fail_waiters("leadership lost")
 
+    def hears_from_leader(self) -> bool:
+        """Leader stickiness: a leader is in charge and reachable, so no election is called for.
+        The leader itself while it sees a majority; a follower within the minimum election
+        timeout of an AppendEntries from a leader its failure detector still sees up."""
+        if self.role == "leader":
+            return bool(self.membership.has_majority)
+        return (self.leader is not None and time.monotonic() - self._leader_heard < ELECTION_MIN
+                and self.membership.is_up(self.leader))
+
     async def _elect(self) -> None:
+        """Pre-vote, then (with a majority of yeses) the election proper in term + 1."""
+        self._deadline = self._new_deadline()
+        started = time.monotonic()
+        if not await self._poll(pre_vote=True):
+            return
+        if max(self._voted_at, self._leader_heard) >= started:
+            return       # meanwhile we voted for another candidate, or heard from a leader
         self.role = "candidate"
         self.storage.term += 1
         self.storage.voted_for = self.name
         self.leader = None
-        term = self.storage.term
+        self.log.info("raft election", term=self.storage.term)
         await self._persist_state()
         self._deadline = self._new_deadline()
+        if await self._poll(pre_vote=False):
+            await self._become_leader()
+
+    async def _poll(self, pre_vote: bool) -> bool:
+        """Ask every peer for its vote in term + 1 (pre-vote) or in this term; True on a majority."""
+        term = self.storage.term + 1 if pre_vote else self.storage.term
         request = pb.VoteRequest(term=term, candidate=self.name, last_log_index=self.storage.last_index,
-                                 last_log_term=self.storage.last_term)
+                                 last_log_term=self.storage.last_term, pre_vote=pre_vote)
         votes = 1
         calls = [peer.stub.RequestVote(request, timeout=0.5, metadata=self.membership.metadata())
                  for peer in self.membership.peers.values()]
         for reply in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(reply, BaseException):
                 continue
-            if reply.term > self.storage.term:
-                await self._step_down(reply.term)
-                return
+            if reply.term > self.storage.term and not reply.granted:
+                await self._step_down(reply.term)     # behind: learn the term, do not raise it
+                return False
             if reply.granted:
                 votes += 1
-        if self.role == "candidate" and self.storage.term == term and votes >= self._majority():
-            await self._become_leader()
+        won = votes >= self._majority()
+        if pre_vote:
+            if not won:
+                self.log.debug("raft pre-vote lost: a leader is still followed", term=term, votes=votes)
+            return won and self.role != "leader" and self.storage.term + 1 == term
+        return won and self.role == "candidate" and self.storage.term == term
 
     async def _become_leader(self) -> None:
         self.role = "leader"
@@ -216,18 +259,31 @@ class Raft:
         if request.candidate not in self.membership.peers:
             # a forgotten member started on its old data: its elections must not disturb ours
             return pb.VoteReply(term=self.storage.term, granted=False)
+        up_to_date = (request.last_log_term, request.last_log_index) >= (self.storage.last_term,
+                                                                           self.storage.last_index)
+        if self.hears_from_leader() and (self.role == "leader" or not request.pre_vote
+                                         or await self.membership.reachable(self.leader)):
+            # a node coming back must not depose a leader we follow: no vote, and our term stays.
+            # (A leader that has just died would hold up the failover until our lease ran out:
+            # a pre-vote has it pinged now, and its refused port ends the lease at once.)
+            return pb.VoteReply(term=self.storage.term, granted=False)
+        if request.pre_vote:
+            granted = request.term > self.storage.term and up_to_date
+            return pb.VoteReply(term=self.storage.term, granted=granted)
         if request.term > self.storage.term:
             await self._step_down(request.term)
         granted = False
-        up_to_date = (request.last_log_term, request.last_log_index) >= (self.storage.last_term,
-                                                                           self.storage.last_index)
         if request.term == self.storage.term and up_to_date and \
                 self.storage.voted_for in (None, request.candidate):
             self.storage.voted_for = request.candidate
             self.leader = None       # an election is on: the old leader is not waited for any more
+            # the candidate gets its election timeout from now, not from when our write ends
+            # (our own timer, expired meanwhile, would start a rival election in term + 1)
+            self._deadline = self._new_deadline()
+            self._voted_at = time.monotonic()
+            self.log.info("raft vote", candidate=request.candidate, term=request.term)
             await self._persist_state()
             granted = True
-            self._deadline = self._new_deadline()
         return pb.VoteReply(term=self.storage.term, granted=granted)
 
     # ---- replication ------------------------------------------------------------------------
@@ -305,6 +361,7 @@ class Raft:
         if self.leader != request.leader:
             self.log.info("raft leader is", leader=request.leader, term=request.term)
         self.leader = request.leader
+        self._leader_heard = time.monotonic()
         self._deadline = self._new_deadline()
         prev = request.prev_log_index
         if prev > self.storage.last_index or self.storage.term_at(prev) != request.prev_log_term:

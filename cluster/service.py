@@ -11,11 +11,19 @@ from .rpc import cluster_pb2 as pb
 from .rpc import cluster_pb2_grpc as pbg
 
 
+async def _chain(first, rest):
+    """The stream as it was, its first message put back."""
+    yield first
+    async for item in rest:
+        yield item
+
+
 class ClusterService(pbg.ClusterServicer):
     def __init__(self, node):
         self.node = node   # cluster.node.ClusterNode
 
     async def Ping(self, request, context):
+        self.node.membership.heard_from(request.node)
         return pb.PingReply(node=self.node.name, leader=self.node.leader_name() or "",
                             down=self.node.membership.down_members(), alarms=sorted(self.node.broker.alarms),
                             paused=self.node.membership.paused,
@@ -35,7 +43,13 @@ class ClusterService(pbg.ClusterServicer):
             yield event
 
     async def Mirror(self, request_iterator, context):
-        async for ack in serve_mirror(self.node.mirroring, request_iterator, context):
+        try:
+            first = await request_iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        # a returning node may hear from the master before the leader: let its log catch up first
+        await self.node.mirroring.admit_stream(first.vhost, first.queue, first.epoch, first.master)
+        async for ack in serve_mirror(self.node.mirroring, _chain(first, request_iterator), context):
             yield ack
 
     async def Replies(self, request, context):

@@ -156,7 +156,7 @@ def _print(result, columns, as_json: bool) -> None:
     elif isinstance(result, dict) and "members" in result:
         print(f"Cluster status of node {result['node']}")
         print(_table(result["members"], ["name", "address", "up", "paused"]))
-        print(f"majority: {result['majority']}  leader: {result['leader'] or '-'}  "
+        print(f"majority: {result['majority']}  leader: {result['leader'] or '-'}  term: {result.get('term', '-')}  "
               f"alarms: {', '.join(result['alarms']) or 'none'}")
     elif result is not None:
         print(json.dumps(result, indent=2, sort_keys=True) if not isinstance(result, str) else result)

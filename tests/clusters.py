@@ -1,12 +1,18 @@
 """Three-node clusters for tests: members as real processes, proxies to cut links, `haremq ctl`."""
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import uuid
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import Node, free_port, port_open, wait_until
 
@@ -95,7 +101,7 @@ class Proxy:
 
 
 def ctl(member, *args, timeout=20):
-    return subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{member.cluster_port}",
+    return subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"{member.host}:{member.cluster_port}",
                            "--cluster-secret-file", str(member.secret_file), *args],
                           capture_output=True, text=True, timeout=timeout,
                           cwd=str(Path(__file__).resolve().parent.parent))
@@ -120,7 +126,7 @@ def launch(members):
         m.proc = subprocess.Popen(m.argv(), stdout=m._log_fh, stderr=subprocess.STDOUT, start_new_session=True,
                                   cwd=str(Path(__file__).resolve().parent.parent))
     for m in members:
-        wait_until(lambda m=m: port_open(m.port, 0.2), timeout=30,
+        wait_until(lambda m=m: port_open(m.port, 0.2, m.host), timeout=30,
                    message=f"{m.name} never served AMQP:\n{m.log_tail()}")
 
 
@@ -148,3 +154,96 @@ def proxied_cluster(tmp_path, failure_timeout: float = 1.5, extra_args: dict | N
                  "heal": lambda: [p.heal() for p in all_proxies],
                  "close": lambda: [p.close() for p in all_proxies]}
     return members, partition
+
+
+# ---- members found by name, whose address can change (a Kubernetes pod restarted) ----------------
+HOSTS = Path("/etc/hosts")
+
+
+class HostNames:
+    """Host names for members that a test can repoint: a pod keeps its DNS name and gets a new IP.
+
+    The names go into /etc/hosts, so nodes resolve them exactly as they resolve a DNS name
+    (getaddrinfo); each is unique to the test, and only the lines this object wrote (tagged)
+    are touched. The file is replaced atomically under a lock: a lookup elsewhere on the machine
+    never sees it half written. Skips the test where /etc/hosts cannot be written.
+    """
+
+    def __init__(self):
+        if not (os.access(HOSTS, os.W_OK) and os.access(HOSTS.parent, os.W_OK)):
+            pytest.skip("needs a writable /etc/hosts to repoint a member's name")
+        self.tag = f"haremq-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.addresses: dict[str, str] = {}
+
+    def name_for(self, member: str) -> str:
+        return f"{member}-{self.tag}.haremq.test"
+
+    def point(self, name: str, address: str) -> None:
+        self.addresses[name] = address
+        self._write()
+
+    def close(self) -> None:
+        self.addresses.clear()
+        self._write()
+
+    def _write(self) -> None:
+        marker = f"# {self.tag}"
+        with open(Path(tempfile.gettempdir()) / "haremq-test-hosts.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            mode = HOSTS.stat().st_mode & 0o777
+            lines = [line for line in HOSTS.read_text().splitlines() if not line.endswith(marker)]
+            lines += [f"{address} {name} {marker}" for name, address in self.addresses.items()]
+            tmp = HOSTS.with_name(f".hosts.{self.tag}")
+            tmp.write_text("".join(line + "\n" for line in lines))
+            os.chmod(tmp, mode)
+            os.replace(tmp, HOSTS)
+
+
+def named_cluster(tmp_path, hosts: HostNames, addresses: dict[str, str], failure_timeout: float = 3.0):
+    """Three members, each on a loopback address of its own (`addresses`: name -> 127.0.0.x),
+    naming each other by host name as pods in a StatefulSet do. No proxies."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET)
+    ports = {n: free_port() for n in addresses}
+    for n, address in addresses.items():
+        hosts.point(hosts.name_for(n), address)
+    members = []
+    for n, address in addresses.items():
+        peers = {p: f"{hosts.name_for(p)}:{ports[p]}" for p in addresses if p != n}
+        m = ClusterMember(n, tmp_path / n, ports[n], peers, secret_file, failure_timeout)
+        m.host = address
+        members.append(m)
+    launch(members)
+    return members
+
+
+def control(member, command: str, timeout: float = 5.0, **arguments):
+    """A `haremq ctl` command answered in-process (no interpreter to start): cheap enough to poll."""
+    import grpc
+
+    from cluster.rpc import cluster_pb2 as pb
+    from cluster.rpc import cluster_pb2_grpc as pbg
+    with grpc.insecure_channel(f"{member.host}:{member.cluster_port}") as channel:
+        reply = pbg.ClusterStub(channel).Control(
+            pb.ControlRequest(command=command, arguments=json.dumps(arguments).encode()),
+            timeout=timeout, metadata=(("x-haremq-secret", SECRET),))
+    assert reply.ok, reply.error
+    return json.loads(reply.result) if reply.result else None
+
+
+def leader_and_term(members) -> tuple[str, int] | None:
+    """(Raft leader, term) if every running member names the same leader in the same term."""
+    import grpc
+    seen = set()
+    for m in members:
+        if m.is_running():
+            try:
+                status = control(m, "cluster_status", timeout=2.0)
+            except grpc.RpcError:
+                return None
+            seen.add((status["leader"], status["term"]))
+    if len(seen) != 1:
+        return None
+    leader, term = seen.pop()
+    return (leader, term) if leader else None

@@ -132,9 +132,9 @@ def haremq_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from node.cli import main; sys.exit(main())"]
 
 
-def port_open(port: int, timeout: float = 0.5) -> bool:
+def port_open(port: int, timeout: float = 0.5, host: str = HOST) -> bool:
     try:
-        with socket.create_connection((HOST, port), timeout=timeout):
+        with socket.create_connection((host, port), timeout=timeout):
             return True
     except OSError:
         return False
@@ -151,6 +151,7 @@ class Node:
         self.data_dir = self.workdir / "data"
         self.log_path = self.workdir / f"{name}.log"
         self.port = port or free_port()
+        self.host = HOST           # the address it binds and is reached on (a 127.0.0.x of its own if set)
         self.external = external
         self.proc: subprocess.Popen | None = None
         self._log_fh = None
@@ -161,7 +162,7 @@ class Node:
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@{HOST}:{self.port}/%2F"
+        return f"amqp://guest:guest@{self.host}:{self.port}/%2F"
 
     def argv(self) -> list[str]:
         # small segments: every node start zeroes a spare segment ahead of the writes, and a run
@@ -169,7 +170,7 @@ class Node:
         # the management API and /metrics are off unless a test asks for them (their default
         # ports, 15672 and 15692, would be shared by every node of the run)
         return [*haremq_command(), "node", "--name", self.name, "--data-dir", str(self.data_dir),
-                "--amqp-port", str(self.port), "--bind", HOST, "--segment-size", str(TEST_SEGMENT_SIZE),
+                "--amqp-port", str(self.port), "--bind", self.host, "--segment-size", str(TEST_SEGMENT_SIZE),
                 "--management-port", "0", "--prometheus-port", "0"]
 
     def start(self, timeout: float = 30.0) -> "Node":
@@ -187,7 +188,7 @@ class Node:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node {self.name} exited with {self.proc.returncode} before "
                                    f"opening port {self.port}:\n{self.log_tail()}")
-            if port_open(self.port, 0.2):
+            if port_open(self.port, 0.2, self.host):
                 return self
             time.sleep(0.05)
         self.kill9()
@@ -320,7 +321,7 @@ def conn_params(node: Node, heartbeat: int = 30, **params) -> pika.ConnectionPar
     params.setdefault("connection_attempts", 1)
     params.setdefault("socket_timeout", 5)
     params.setdefault("blocked_connection_timeout", 30)
-    return pika.ConnectionParameters(host=HOST, port=node.port, heartbeat=heartbeat, **params)
+    return pika.ConnectionParameters(host=node.host, port=node.port, heartbeat=heartbeat, **params)
 
 
 def pika_conn(node: Node, heartbeat: int = 30, **params) -> pika.BlockingConnection:

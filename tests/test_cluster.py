@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +14,8 @@ import grpc
 import pika
 import pytest
 
-from tests.clusters import SECRET, ClusterMember, ctl, ctl_json, launch, proxied_cluster, queue_row
+from tests.clusters import (SECRET, ClusterMember, control, ctl, ctl_json, launch, leader_and_term, proxied_cluster,
+                            queue_row)
 from tests.conftest import IS_REF, free_port, port_open, wait_until
 
 pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
@@ -116,6 +118,59 @@ def test_minority_side_pauses_and_resumes_after_healing(cluster):
         partition["heal"]()
     wait_until(lambda: port_open(hare1.port, 0.2), timeout=15, message="hare1 did not resume after healing")
     pika.BlockingConnection(pika.URLParameters(hare1.url)).close()
+
+
+@pytest.mark.parametrize("away", ["stopped", "partitioned"])
+def test_a_returning_member_does_not_raise_the_term_while_the_leader_is_healthy(cluster, away):
+    """A member that was stopped (SIGSTOP) or cut off, and comes back, must not call an election
+    that deposes the leader the other two still follow (pre-vote, leader stickiness): the leader
+    and the Raft term stay the same throughout, and the member follows that leader again."""
+    members, partition = cluster
+    leader, term = wait_until(lambda: leader_and_term(members), timeout=15)
+    if away == "stopped":
+        returning = next(m for m in members if m.name != leader)
+    else:
+        returning = members[0]                   # the proxies cut hare1 off
+        if leader == returning.name:             # let the other two elect one of themselves first
+            returning.kill9()
+            leader, term = wait_until(lambda: (lambda lt: lt if lt and lt[0] != returning.name else None)(
+                leader_and_term(members[1:])), timeout=15)
+            returning.start(timeout=60)
+            wait_until(lambda: leader_and_term(members) == (leader, term), timeout=15)
+    others = [m for m in members if m is not returning]
+    if away == "stopped":
+        os.killpg(returning.proc.pid, signal.SIGSTOP)
+    else:
+        partition["cut"]()
+    try:
+        time.sleep(4.0)      # past the failure timeout and several election timeouts
+    finally:
+        if away == "stopped":
+            os.killpg(returning.proc.pid, signal.SIGCONT)
+        else:
+            partition["heal"]()
+    back = time.monotonic()
+    views, rejoined = set(), None
+    while time.monotonic() < back + 4.0:
+        statuses = {}
+        for m in members:
+            try:
+                statuses[m.name] = control(m, "cluster_status", timeout=2.0)
+            except grpc.RpcError:
+                pass
+        views.update((st["leader"], st["term"]) for n, st in statuses.items() if n != returning.name)
+        own = statuses.get(returning.name)
+        if rejoined is None and own and (own["leader"], own["term"]) == (leader, term) and all(
+                n in statuses and next(r for r in statuses[n]["members"] if r["name"] == returning.name)["up"]
+                for n in (m.name for m in others)):
+            rejoined = time.monotonic() - back
+        time.sleep(0.05)
+    print(f"\n{returning.name} {away} for 4 s: up again for the others, following {leader}, after "
+          f"{rejoined if rejoined is None else round(rejoined, 2)} s; the others saw (leader, term) "
+          f"{sorted(views, key=str)}, term {term} before")
+    assert views == {(leader, term)}, "the leader changed or the term rose while a member came back"
+    assert rejoined is not None, f"{returning.name} never rejoined under {leader}:\n{returning.log_tail()}"
+    assert leader_and_term(members) == (leader, term)
 
 
 def test_generated_grpc_modules_match_the_proto():
@@ -510,8 +565,10 @@ def test_cluster_port_with_mutual_tls(tmp_path):
         def argv(self):
             return super().argv() + tls_args
 
+    # peers by name: a node dials the address the name resolves to and checks the certificate
+    # against the name
     members = [TLSMember(n, tmp_path / n, ports[n],
-                         {o: f"127.0.0.1:{ports[o]}" for o in ports if o != n}, secret_file) for n in ports]
+                         {o: f"localhost:{ports[o]}" for o in ports if o != n}, secret_file) for n in ports]
     try:
         launch(members)
         r = ctl(members[0], "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"]),
@@ -649,3 +706,73 @@ def test_passive_declare_via_another_node_reports_the_home_counts(cluster):
     assert ok.consumer_count == 1
     ok2 = ch3.queue_declare("counted").method        # an equivalent redeclare, through the cluster
     assert ok2.consumer_count == 1
+
+
+# ---- Raft's election rules, in-process (no nodes: the rules a returning member is held to) ----------
+class _Members:
+    """What Raft asks of membership, as plain state: which peers are up (as last seen) and which
+    are truly alive (what pinging one now finds), and the majority."""
+
+    def __init__(self, peers):
+        self.peers = {p: object() for p in peers}
+        self.up = set(peers)
+        self.alive = set(peers)
+        self.pinged = []
+
+    size = property(lambda self: len(self.peers) + 1)
+    has_majority = property(lambda self: (len(self.up) + 1) * 2 > self.size)
+
+    def is_up(self, name):
+        return name in self.up
+
+    def probe(self, name):
+        pass
+
+    async def reachable(self, name):
+        self.pinged.append(name)
+        if name not in self.alive:
+            self.up.discard(name)
+        return name in self.alive
+
+
+def test_pre_vote_and_leader_stickiness_keep_the_term(tmp_path):
+    import asyncio
+
+    from cluster.raft import ELECTION_MIN, Raft, RaftStorage
+    from cluster.rpc import cluster_pb2 as pb
+
+    async def scenario():
+        members = _Members(["hare1", "hare3"])
+        raft = Raft("hare2", members, RaftStorage(tmp_path / "raft"), lambda i, c: None)
+        raft.storage.term = 5
+        await raft.on_append_entries(pb.AppendRequest(term=5, leader="hare1", prev_log_index=0))
+        assert raft.leader == "hare1" and raft.hears_from_leader()
+
+        def ask(term, pre_vote):
+            return raft.on_request_vote(pb.VoteRequest(term=term, candidate="hare3", pre_vote=pre_vote))
+        # hare3 comes back while hare1 leads: neither a pre-vote nor a real vote is granted,
+        # and the term stays
+        for pre_vote in (True, False):
+            reply = await ask(6, pre_vote)
+            assert not reply.granted and reply.term == 5 and raft.term == 5 and raft.storage.voted_for is None
+        assert members.pinged == ["hare1"]     # a pre-vote has the leader checked at once
+        # the leader has just died, unnoticed so far: the pre-vote's ping finds it gone
+        members.alive.discard("hare1")
+        reply = await ask(6, True)
+        assert reply.granted and raft.term == 5 and raft.storage.voted_for is None   # a pre-vote changes nothing
+        assert members.pinged == ["hare1", "hare1"] and not members.is_up("hare1")
+        assert not (await ask(5, True)).granted        # a pre-vote must be for a later term
+        reply = await ask(6, False)
+        assert reply.granted and raft.term == 6 and raft.storage.voted_for == "hare3"
+        # the new leader is followed; once silent for the minimum election timeout, it is not
+        members.up.add("hare3")
+        await raft.on_append_entries(pb.AppendRequest(term=6, leader="hare3", prev_log_index=0))
+        assert raft.hears_from_leader()
+        raft._leader_heard -= ELECTION_MIN
+        assert not raft.hears_from_leader()
+        # a leader counts as heard from while it sees a majority, and no longer without one
+        raft.role = "leader"
+        assert raft.hears_from_leader()
+        members.up.clear()
+        assert not raft.hears_from_leader()
+    asyncio.run(scenario())

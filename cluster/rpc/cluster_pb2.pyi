@@ -55,16 +55,18 @@ class PingReply(_message.Message):
     def __init__(self, node: _Optional[str] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., paused: bool = ..., commit_index: _Optional[int] = ..., down: _Optional[_Iterable[str]] = ..., alarms: _Optional[_Iterable[str]] = ..., not_member: bool = ...) -> None: ...
 
 class VoteRequest(_message.Message):
-    __slots__ = ("term", "candidate", "last_log_index", "last_log_term")
+    __slots__ = ("term", "candidate", "last_log_index", "last_log_term", "pre_vote")
     TERM_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
     LAST_LOG_TERM_FIELD_NUMBER: _ClassVar[int]
+    PRE_VOTE_FIELD_NUMBER: _ClassVar[int]
     term: int
     candidate: str
     last_log_index: int
     last_log_term: int
-    def __init__(self, term: _Optional[int] = ..., candidate: _Optional[str] = ..., last_log_index: _Optional[int] = ..., last_log_term: _Optional[int] = ...) -> None: ...
+    pre_vote: bool
+    def __init__(self, term: _Optional[int] = ..., candidate: _Optional[str] = ..., last_log_index: _Optional[int] = ..., last_log_term: _Optional[int] = ..., pre_vote: bool = ...) -> None: ...
 
 class VoteReply(_message.Message):
     __slots__ = ("term", "granted")
