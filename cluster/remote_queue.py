@@ -327,6 +327,7 @@ class RemoteQueue:
         self._held_count = 0
         self.failing_since = 0.0      # a stream to the home broke (mirrored queue): no new links
         self._held_timer = None
+        self._home_timer = None
         # deliveries across a failover (MIR-8): keys this node's clients acked (key -> epoch),
         # old deliveries they still hold (key -> entry), and redeliveries of those by the new
         # master kept back until the client settles the old one (key -> (link, id))
@@ -706,19 +707,35 @@ class RemoteQueue:
         channel None: a call on behalf of no channel in particular."""
         parked = (channel, retry)
         self._parked.append(parked)
-        if not self.can_fail_over():      # no in-sync mirror is up: none will take over
-            err = AMQPError(err.code, f"home node of {self.describe()} is down and no synchronised mirror "
-                            "can take over", err.class_id, err.method_id)
-            timeout = 0.0
+        self._watch_home()
 
         def give_up():
             if parked in self._parked:
                 self._parked.remove(parked)
+                final = err
+                if not self.can_fail_over():      # no in-sync mirror is up: none will take over
+                    final = AMQPError(err.code, f"home node of {self.describe()} is down and no synchronised "
+                                      "mirror can take over", err.class_id, err.method_id)
                 if fail is not None:
-                    fail(err)
+                    fail(final)
                 elif not channel.closed:
-                    channel.session.fail_channel(channel.id, err)
+                    channel.session.fail_channel(channel.id, final)
         asyncio.get_running_loop().call_later(max(0.0, timeout), give_up)
+
+    def _watch_home(self) -> None:
+        if self._home_timer is None:
+            self._home_timer = asyncio.get_running_loop().call_later(0.2, self._home_check)
+
+    def _home_check(self) -> None:
+        """Calls waiting for a failover: the master itself came back (no mirror took over), so
+        they go to it."""
+        self._home_timer = None
+        if not self._parked or self.deleted:
+            return
+        if self.home_up(self.home) and not self._failing():
+            self.replay_parked()
+        else:
+            self._watch_home()
 
     def rehome(self, home: str, epoch: int) -> None:
         """A mirror on `home` is the master now: links to the old one end, their unconfirmed
