@@ -8,15 +8,17 @@ the channel that proposed it, which replies to its client only then.
 """
 from __future__ import annotations
 
+import itertools
 import json
 
 import structlog
 
 from node.broker.exchange import Exchange
+from node.broker.message import Entry
 from node.protocol.replies import AMQPError, ReplyCode
 from node.store import meta
 
-from .remote_queue import RemoteQueue, hand_over
+from .remote_queue import RemoteQueue, fingerprint, hand_over
 
 
 def error_result(err: AMQPError) -> dict:
@@ -230,15 +232,56 @@ class MetadataMachine:
         vhost = self._vhost({"vhost": state.vhost})
         queue = vhost.add_queue(state.name, old.durable, None, old.auto_delete, old.arguments, state.store_id)
         if contents is not None:
-            queue.adopt(contents)
+            self._adopt(queue, old, contents)
         elif state.store_id in self.recovered:
             queue.restore(self.recovered.pop(state.store_id))
         vhost.rebind(old, queue)
+        old.replacement = queue          # calls that waited on the old handle are answered here
+
         def attach(consumer) -> None:
             consumer.queue = queue
             queue.add_consumer(consumer)
         hand_over(old.abandon(), attach)
+        held = old.take_held()                              # publishes that waited for this master
+        if held:
+            self.log.info("publishes carried to the queue's master", vhost=state.vhost, queue=state.name,
+                          home=self.node, epoch=state.epoch, publishes=len(held))
+        for channel, seq, message in held:
+            if self.mirroring is not None and self.mirroring.holds_already(queue, message):
+                self.mirroring.confirm_held(queue, lambda ok, s=seq, ch=channel: ch.remote_settled((s,), ok))
+            else:
+                channel.republish(queue, message, seq)
         old.replay_parked()
+
+    def _adopt(self, queue, old, contents) -> None:
+        """The mirror's messages, less those this node's clients acked through the old master
+        (their acks never reached the mirrors); those its clients still hold stay delivered to
+        them, settled when they answer (old.successor). Everything else as the mirror had it."""
+        if self.mirroring is not None:
+            self.mirroring.adopted(queue, contents)
+        acked, held_keys = old.doubts()
+        if not acked and not held_keys:
+            queue.adopt(contents)
+            return
+        keep, hold, gone = [], [], []
+        for item in contents:
+            key, message = item[0], item[1]
+            if key in acked and acked[key] == fingerprint(message):
+                gone.append(item)
+            elif key in held_keys and held_keys[key] == fingerprint(message):
+                hold.append(item)
+            else:
+                keep.append(item)
+        queue.adopt(keep)
+        if contents:
+            queue._seq = itertools.count(max(item[0] for item in contents) + 1)
+        ids = [msg_id for _k, _m, _d, msg_id, _e in gone if msg_id]
+        if ids and queue.store is not None:
+            queue.store.ack(queue.store_id, ids)
+        held = {}
+        for key, message, _delivered, msg_id, expires in hold:
+            held[key] = queue.outstanding[key] = Entry(message, key, True, msg_id, expires)
+        old.successor = (queue, held)
 
     def _become_remote(self, state, queue) -> None:
         """Deposed (MIR-5): this node's copy is dropped; it is a mirror, if anything, from now on."""

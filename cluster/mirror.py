@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 
 import structlog
 
 from .remote_queue import message_from_pb
 from .rpc import cluster_pb2 as pb
+
+REMOVED_IDS = 10_000
 
 ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, pb.MirrorOp.REMOVE,
                                      pb.MirrorOp.REQUEUE)
@@ -33,6 +36,9 @@ class MirrorQueue:
         self.store_id = store_id
         self.entries: dict[int, list] = {}   # key -> [Message, delivered, msg_id, expires], in key order
         self.stream = None                    # the stream now feeding it; an older one stops
+        # publish ids of the messages removed lately (consumed, maybe before their publisher saw
+        # the confirm): a publisher's node sends those again to a promoted mirror (issue 16)
+        self.removed_ids: deque = deque(maxlen=REMOVED_IDS)
 
     def discard(self) -> None:
         """Forget every message (a reset, the queue deleted, or this node no longer a mirror)."""
@@ -61,6 +67,8 @@ class MirrorQueue:
             ids = []
             for key in op.keys:
                 entry = entries.pop(key, None)
+                if entry is not None and entry[0].publish_id:
+                    self.removed_ids.append(entry[0].publish_id)
                 if entry is not None and entry[2]:
                     ids.append(entry[2])
             if ids:

@@ -28,7 +28,10 @@ from .ha import HAState, mirror_nodes
 from .mirror import MirrorQueue
 from .replicator import Replicator
 
-TICK = 0.05
+TICK = 0.02         # the leader's watch: a promotion follows a master's death within a round
+STARVED = 0.5       # a round this late: the process was stopped or starved, its views are stale
+RESENT_WINDOW = 10_000   # newest messages of a promoted mirror whose publish ids are remembered
+RESENT_FOR = 60.0        # seconds: publishers' nodes send theirs again within a failover
 STREAM_CATCH_UP = 2.0     # how long a mirror stream waits for this node's log to catch up
 
 
@@ -43,6 +46,8 @@ class Mirroring:
         self.mirrors: dict[tuple[str, str], MirrorQueue] = {}
         self.stopping: set[str] = set()      # nodes that said they are shutting down
         self._promoting: dict[tuple[str, str], int] = {}
+        self._adopted: dict[tuple[str, str], tuple[set, float]] = {}   # publish ids a promotion brought
+        self._removed_ids: set = set()      # those the promoted mirror saw removed lately
         self._task: asyncio.Task | None = None
         self._last_tick = 0.0
         self._quiet_until = 0.0
@@ -146,6 +151,7 @@ class Mirroring:
         if remote is not None:
             remote.mirrored = bool(state.mirrors)
             remote.epoch = state.epoch
+            remote.can_fail_over = lambda: state.successor(self.is_up, shutdown=state.home in self.stopping) is not None
 
     def _queue(self, state: HAState):
         vhost = self.broker.vhosts.get(state.vhost)
@@ -235,7 +241,9 @@ class Mirroring:
             replicator.close(False)            # a deposed master confirms nothing more
         if state.home == self.node:
             mirror = self.mirrors.pop(state.key, None)
+            self._removed_ids = set(getattr(mirror, "removed_ids", ()))
             become_master(state, queue, mirror.contents() if mirror is not None else None)
+            self._removed_ids = set()
         elif not queue.remote:
             become_remote(state, queue)
         else:
@@ -286,7 +294,7 @@ class Mirroring:
     def _tick(self) -> None:
         now = time.monotonic()
         timeout = self.cluster.config.failure_timeout
-        if now - self._last_tick > 10 * TICK:
+        if now - self._last_tick > STARVED:
             # this process was stopped or starved: what it knows of the others is stale until
             # they have been pinged again, so it decides no failover until then
             self._quiet_until = now + timeout
@@ -297,8 +305,13 @@ class Mirroring:
             replicator.tick(now, timeout)
         if self.cluster.raft.role != "leader" or not self.cluster.membership.has_majority:
             return
+        membership = self.cluster.membership
         for state in list(self.states.values()):
-            if not state.mirrors or not self.cluster.membership.agreed_down(state.home):
+            if not state.mirrors or state.home == self.node:
+                continue
+            if not membership.agreed_down(state.home):
+                if not membership.is_up(state.home):
+                    self._ask_views(state.home)
                 continue
             if self._promoting.get(state.key) == state.epoch:
                 continue
@@ -315,6 +328,45 @@ class Mirroring:
             self.cluster.submit({"op": "queue.promote", "vhost": state.vhost, "name": state.name,
                                  "home": successor, "epoch": state.epoch + 1, "from_epoch": state.epoch,
                                  "shutdown": state.home in self.stopping}, done, forward_if_deposed=False)
+
+    # ---- publishes sent again to a new master (CONF-4) --------------------------------------------
+    def adopted(self, queue, contents) -> None:
+        """A promoted mirror's messages: the publish ids of the newest, and of those it saw
+        removed lately, which a publisher's node may send again (it never saw them confirmed),
+        are remembered for a while."""
+        ids = {message.publish_id for _key, message, *_rest in contents[-RESENT_WINDOW:] if message.publish_id}
+        ids |= self._removed_ids      # consumed already: sent again, they must not come back
+        key = (queue.vhost, queue.name)
+        if ids:
+            self._adopted[key] = (ids, time.monotonic() + RESENT_FOR)
+        else:
+            self._adopted.pop(key, None)
+
+    def holds_already(self, queue, message) -> bool:
+        """A publish sent again after a failover that the promoted mirror already had."""
+        if not message.publish_id or not self._adopted:
+            return False
+        key = (queue.vhost, queue.name)
+        ids, until = self._adopted.get(key, (None, 0.0))
+        if ids is None or time.monotonic() > until:
+            self._adopted.pop(key, None)
+            return False
+        return message.publish_id in ids
+
+    @staticmethod
+    def confirm_held(queue, fn) -> None:
+        """fn(ok) once what the queue holds now is as safe as a new publish would be."""
+        if queue.replica is not None or queue.store is not None:
+            queue.when_safe(fn)
+        else:
+            fn(True)
+
+    def _ask_views(self, down: str) -> None:
+        """A master looks down here but the others have not said so yet: ping them now for their
+        view instead of at the next round (a failover waits for a majority's word, MIR-4)."""
+        for name in self.cluster.membership.peers:
+            if name != down and self.is_up(name):
+                self.probe(name)
 
     # ---- ctl ---------------------------------------------------------------------------------
     def status(self, vhost: str, name: str) -> dict:

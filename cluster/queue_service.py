@@ -23,9 +23,10 @@ MAX_PENDING_EVENTS = 2000
 
 
 class LinkChannel:
-    def __init__(self, queue: Queue, events: asyncio.Queue):
+    def __init__(self, queue: Queue, events: asyncio.Queue, mirroring=None):
         self.queue = queue
         self.events = events
+        self.mirroring = mirroring
         self.next_id = 1
         self.unacked: dict[int, tuple] = {}     # id -> (entry, consumer or None)
         self.consumers: dict[str, Consumer] = {}
@@ -47,7 +48,7 @@ class LinkChannel:
             consumer.unacked += 1
         self._emit(pb.QueueEvent(delivery=pb.QueueEvent.Delivery(
             tag=consumer.tag, id=delivery_id, redelivered=entry.redelivered, message=message_to_pb(entry.message),
-            message_count=self.queue.message_count)))
+            message_count=self.queue.message_count, key=entry.seq)))
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         if self.consumers.pop(consumer.tag, None) is not None:
@@ -73,7 +74,13 @@ class LinkChannel:
             return
         if kind == "publish":
             seq = call.publish.seq
-            outcome = queue.publish(message_from_pb(call.publish.message))
+            message = message_from_pb(call.publish.message)
+            if self.mirroring is not None and self.mirroring.holds_already(queue, message):
+                # sent again after a failover: the promoted mirror had it already
+                if seq:
+                    self.mirroring.confirm_held(queue, lambda ok, s=seq: self._durable(ok, s))
+                return
+            outcome = queue.publish(message)
             if seq:
                 if outcome == LOGGED:
                     queue.when_safe(self._durable, seq)
@@ -87,7 +94,7 @@ class LinkChannel:
                 delivery_id = self._remember(entry, None, call.get.no_ack)
                 self._emit(pb.QueueEvent(delivery=pb.QueueEvent.Delivery(
                     tag="", id=delivery_id, redelivered=entry.redelivered, message=message_to_pb(entry.message),
-                    message_count=queue.message_count)))
+                    message_count=queue.message_count, key=entry.seq)))
         elif kind == "consume":
             c = call.consume
             if queue.consumers and (c.exclusive or any(x.exclusive for x in queue.consumers)):
@@ -168,11 +175,18 @@ async def serve_link(broker, request_iterator, context):
     if moved:       # not an error for the client's channel: its node re-links once it learns
         yield pb.QueueEvent(error=pb.QueueEvent.Error(code=MOVED, text=moved))
         return
+    state = mirroring.states.get((first.open.vhost, first.open.queue)) if mirroring is not None else None
+    if (not isinstance(queue, Queue) or queue.deleted) and first.open.epoch and (state is None or state.mirrors):
+        # a mirrored queue not (or no longer, or not yet) mastered here: the client's node
+        # waits for the log to say where it is rather than telling its client "no queue"
+        yield pb.QueueEvent(error=pb.QueueEvent.Error(
+            code=MOVED, text=f"queue '{first.open.queue}' in vhost '{first.open.vhost}' is not mastered here"))
+        return
     if not isinstance(queue, Queue) or queue.deleted:
         yield pb.QueueEvent(error=pb.QueueEvent.Error(
             code=404, text=f"NOT_FOUND - no queue '{first.open.queue}' in vhost '{first.open.vhost}'"))
         return
-    link = LinkChannel(queue, events)
+    link = LinkChannel(queue, events, mirroring)
 
     async def handle_calls():
         try:

@@ -155,7 +155,12 @@ class Raft:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT / 3 if self.role != "leader" else HEARTBEAT)
+            if self.role == "leader":
+                await asyncio.sleep(HEARTBEAT)
+            elif self.leader and self.leader != self.name and not self.membership.is_up(self.leader):
+                await asyncio.sleep(0.01)       # the leader is gone: stand as soon as it is our turn
+            else:
+                await asyncio.sleep(HEARTBEAT / 3)
             try:
                 if self.role == "leader" and self.membership.has_majority is False:
                     # check-quorum: cut off from the majority, which may elect another leader
@@ -164,21 +169,34 @@ class Raft:
                     await self._step_down(self.term)
                     self._deadline = self._new_deadline()
                 elif self.role == "leader":
-                    for peer in list(self.membership.peers.values()):
-                        if peer.name not in self._replicating:
-                            self._replicating.add(peer.name)
-                            asyncio.ensure_future(self._replicate(peer))
+                    self._start_replication()
                 else:
                     now = time.monotonic()
                     if self.leader and self.leader != self.name and not self.membership.is_up(self.leader):
-                        # the leader is gone (its port refuses us): no need to sit out a full timeout
-                        self._deadline = min(self._deadline, now + random.uniform(0.0, 0.15))
+                        # the leader is gone (its port refuses us): no need to sit out a full timeout.
+                        # Every survivor sees that at once, so they go in turn (by name) rather than
+                        # at random: two candidates within one vote's round trip split the vote, and
+                        # the retry would wait a full election timeout (the slow failovers, issue 16)
+                        self._deadline = min(self._deadline, now + self._stagger(self.leader))
                     if now > self._deadline and self.membership.has_majority:
                         await self._elect()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep the consensus loop alive whatever one round did
                 self.log.exception("raft round failed")
+
+    def _start_replication(self) -> None:
+        for peer in list(self.membership.peers.values()):
+            if peer.name not in self._replicating:
+                self._replicating.add(peer.name)
+                asyncio.ensure_future(self._replicate(peer))
+
+    def _stagger(self, dead: str) -> float:
+        """This node's turn to stand when the leader died: 0.1 s apart by name among the members
+        that are up, with a little jitter."""
+        up = sorted(n for n in self.membership.up_members() if n != dead)
+        rank = up.index(self.name) if self.name in up else len(up)
+        return rank * 0.1 + random.uniform(0.0, 0.02)
 
     # ---- elections ------------------------------------------------------------------------
     async def _persist_state(self) -> None:
@@ -254,6 +272,7 @@ class Raft:
         # An entry of our own term lets earlier entries commit (Raft's commitment rule).
         await self._append_local(json.dumps({"op": "noop", "leader": self.name}).encode())
         self._advance_commit()
+        self._start_replication()     # the followers hear of us now, not a heartbeat later
 
     async def on_request_vote(self, request) -> pb.VoteReply:
         if request.candidate not in self.membership.peers:
@@ -287,9 +306,11 @@ class Raft:
         return pb.VoteReply(term=self.storage.term, granted=granted)
 
     # ---- replication ------------------------------------------------------------------------
-    async def _append_local(self, command: bytes) -> int:
+    async def _append_local(self, command: bytes, waiter: asyncio.Future | None = None) -> int:
         async with self._io:
             index = self.storage.last_index + 1
+            if waiter is not None:     # before the entry exists: a reply may commit it during the write
+                self._waiters[index] = waiter
             await asyncio.to_thread(self.storage.append, index, [(self.storage.term, command)])
         return index
 
@@ -319,8 +340,9 @@ class Raft:
                     self.match_index[peer.name] = reply.match_index
                     self.next_index[peer.name] = reply.match_index + 1
                     self._advance_commit()
-                    if self.next_index[peer.name] <= self.storage.last_index:
-                        continue
+                    if self.next_index[peer.name] <= self.storage.last_index or \
+                            self.told_commit[peer.name] < self.commit_index:
+                        continue      # more to send, or a commit this reply made: tell it now
                 else:
                     self.next_index[peer.name] = max(1, min(next_index - 1, reply.match_index + 1))
                     continue
@@ -395,9 +417,8 @@ class Raft:
 
     async def _lead(self, data: bytes) -> tuple[int, object]:
         """As the leader: append, replicate, commit, apply here; (index, result of applying)."""
-        index = await self._append_local(data)
         future = asyncio.get_running_loop().create_future()
-        self._waiters[index] = future
+        index = await self._append_local(data, future)
         self._notify_new_entry()
         self._advance_commit()
         result = await asyncio.wait_for(future, PROPOSE_TIMEOUT)

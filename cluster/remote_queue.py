@@ -9,7 +9,8 @@ the entry.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import random
+from collections import OrderedDict, deque
 from typing import Callable
 
 import grpc
@@ -26,23 +27,38 @@ from .rpc import cluster_pb2 as pb
 ACK, REQUEUE, DISCARD = 0, 1, 2
 MOVED = 0       # QueueEvent.Error code: the queue's master is elsewhere now (a failover)
 PARK_TIMEOUT = 10.0   # how long a call on a mirrored queue waits for a new master
+HELD_MAX = 100_000    # publishes held per queue while its master fails over; beyond, nacked
+BLIP = 1.0            # a home seen up again this long after its stream broke did not die
+ACKED_KEYS = 20_000   # keys a node remembers its clients acked, to know a failover's redeliveries
 
 
 class RemoteEntry(Entry):
-    """A delivery from a remote queue: `seq` is the home node's delivery id."""
+    """A delivery from a remote queue: `seq` is the home node's delivery id, `key` the entry's
+    key in the queue (the same on its mirrors, so after a failover too)."""
 
-    __slots__ = ("link",)
+    __slots__ = ("link", "key")
 
 
 def message_from_pb(m) -> Message:
     props = PropertyView(m.properties)
-    return Message(m.exchange, m.routing_key, bytes(m.properties), bytes(m.body), props.delivery_mode == 2,
-                   props.priority, expiration_ms(props.expiration))
+    message = Message(m.exchange, m.routing_key, bytes(m.properties), bytes(m.body), props.delivery_mode == 2,
+                      props.priority, expiration_ms(props.expiration))
+    message.publish_id = m.publish_id
+    return message
+
+
+def fingerprint(message) -> int:
+    """Tells two messages apart (a Message or a pb.Message): its publish id when it has one."""
+    publish_id = message.publish_id
+    if publish_id:
+        return publish_id
+    body = message.body
+    return hash((bytes(body), len(body)))
 
 
 def message_to_pb(message: Message) -> pb.Message:
     return pb.Message(exchange=message.exchange, routing_key=message.routing_key, properties=message.props_raw,
-                      body=message.body)
+                      body=message.body, publish_id=message.publish_id)
 
 
 class QueueLink:
@@ -55,8 +71,11 @@ class QueueLink:
         self.gets: deque = deque()          # (no_ack, callback) waiting for a get answer, in order
         self.consumers: dict[str, object] = {}
         self.consumed: dict[str, Callable[[], None]] = {}   # tag -> waiting for the home's consume-ok
-        self.unconfirmed: set[int] = set()
+        self.unconfirmed: dict[int, Message] = {}     # seq -> message, in publish order
         self.closed = False
+        self.abandoned = False      # dropped without telling the home: nothing it says counts
+        self.epoch = queue.epoch
+        self.delivered: dict[int, RemoteEntry] = {}   # id -> delivered, not yet settled by the client
         peer = queue.peers(queue.home)
         if peer is None or peer.stub is None or not queue.home_up(queue.home):
             raise AMQPError(ReplyCode.NOT_FOUND, f"home node of {queue.describe()} is down")
@@ -81,24 +100,39 @@ class QueueLink:
         channel = self.channel
         try:
             async for event in self._call:
+                if self.abandoned:      # a late answer of a link given up (its master moved or died)
+                    return
                 kind = event.WhichOneof("event")
                 if kind == "confirm":
-                    self.unconfirmed.difference_update(event.confirm.seqs)
+                    for seq in event.confirm.seqs:
+                        self.unconfirmed.pop(seq, None)
                     channel.remote_settled(event.confirm.seqs, event.confirm.ok)
                 elif kind == "delivery":
                     d = event.delivery
+                    self.queue.remote_count = d.message_count
+                    if d.tag and d.key and self.queue.seen_before(self, d):
+                        continue
                     entry = RemoteEntry(message_from_pb(d.message), d.id, d.redelivered)
                     entry.link = self
-                    self.queue.remote_count = d.message_count
+                    entry.key = d.key
                     if d.tag:
                         consumer = self.consumers.get(d.tag)
+                        if consumer is not None and consumer.no_ack:
+                            self.queue.note_acked(d.key, self.epoch, entry.message)
+                        elif consumer is not None and not channel.closed:
+                            self.delivered[d.id] = entry
                         if consumer is not None and not channel.closed:
                             channel.deliver_from_home(consumer, entry)
                             channel.session.wakeup()
                         else:   # cancelled meanwhile: give it back
                             self.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=[d.id], mode=REQUEUE)))
                     elif self.gets:
-                        self.gets.popleft()[1](entry, d.message_count)
+                        no_ack, answer = self.gets.popleft()
+                        if no_ack:
+                            self.queue.note_acked(d.key, self.epoch, entry.message)
+                        else:
+                            self.delivered[d.id] = entry
+                        answer(entry, d.message_count)
                 elif kind == "consume_ok":
                     consumed = self.consumed.pop(event.consume_ok.tag, None)
                     if consumed is not None:
@@ -120,7 +154,7 @@ class QueueLink:
                     err = AMQPError(ReplyCode(event.error.code), event.error.text.split(" - ", 1)[-1])
                     channel.session.fail_channel(channel.id, err)
         except grpc.aio.AioRpcError as exc:
-            if not self.closed and not channel.closed:
+            if not self.closed and not channel.closed and not self.abandoned:
                 structlog.get_logger("haremq.cluster").warning(
                     "link to queue home lost", queue=self.queue.name, home=self.queue.home, code=exc.code().name)
                 self.queue.home_lost()
@@ -130,33 +164,46 @@ class QueueLink:
             self._answer_gets()
 
     def _lost(self) -> None:
-        """The home node went away: the channel stays open. Unconfirmed publishes are nacked
-        (CONF-5: the client may republish). Consumers of a mirrored queue wait for the new
-        master (MIR-8); others get basic.cancel. What they had not acked goes back to the
-        queue: on the new master at once, on the old home when it returns."""
-        self.abandon()
-        if self.queue.mirrored:
-            self.queue.unlink(self.channel)
+        """The home node went away: the channel stays open. For a mirrored queue, unconfirmed
+        publishes wait for the new master and go to it (confirmed once safe there), consumers
+        wait for it too (MIR-8). Otherwise unconfirmed publishes are nacked (CONF-5: the client
+        may republish) and consumers get basic.cancel. What they had not acked goes back to
+        the queue: on the new master at once, on the old home when it returns."""
+        queue = self.queue
+        if queue.mirrored:
+            queue.failing_over()
+            if queue._links.get(self.channel) is self:
+                del queue._links[self.channel]
+            queue._hold_front(self.channel, self.abandon(carry=True))
             return
+        self.abandon()
         for tag, consumer in list(self.consumers.items()):
             self.queue.consumers_remove(consumer)
             self.channel.consumer_cancelled_by_broker(consumer)
         self.consumers.clear()
         self.channel.session.wakeup()
 
-    def abandon(self) -> None:
-        """Stop using this link without telling the home: nack what it did not confirm,
-        answer pending gets with nothing."""
+    def abandon(self, carry: bool = False) -> list:
+        """Stop using this link without telling the home (its call is cancelled, so a dead
+        home that comes back never answers it). What it did not confirm is nacked, or with
+        carry=True returned as [(seq, message)] for the queue's next master; pending gets are
+        answered with nothing (or wait for that master)."""
         channel = self.channel
         self.close()
-        if self.unconfirmed:
-            channel.remote_settled(sorted(self.unconfirmed), False)
-        self.unconfirmed.clear()
+        self.abandoned = True
+        if self._call is not None:
+            self._call.cancel()
+        unconfirmed, self.unconfirmed = list(self.unconfirmed.items()), {}
+        delivered, self.delivered = self.delivered, {}
+        self.queue.in_doubt(delivered.values())
+        if unconfirmed and not carry:
+            channel.remote_settled([seq for seq, _m in unconfirmed], False)
         self._answer_gets()
         consumed, self.consumed = self.consumed, {}
         for fn in consumed.values():     # consume-ok now: the consumer then waits for a failover,
             fn()                         # or gets basic.cancel, as any consumer of this queue
         channel.session.wakeup()
+        return unconfirmed if carry else []
 
     def _answer_gets(self) -> None:
         """Gets the home never answered: a mirrored queue's wait for the new master, others
@@ -237,6 +284,9 @@ class _NodeItself:
     def deliver_from_home(self, _consumer, _entry) -> None:
         return None
 
+    def republish(self, queue, message, _seq) -> None:
+        queue.publish(message)
+
     def consumer_cancelled_by_broker(self, _consumer) -> None:
         return None
 
@@ -270,8 +320,22 @@ class RemoteQueue:
         self.remote_count = 0
         self.unacked = 0
         self.on_home_lost = None
+        self.can_fail_over = lambda: True   # set from the log: a mirror that may take over is up
         self._links: dict[object, QueueLink] = {}
         self._parked: list = []       # calls waiting for a failover
+        self._held: dict[object, list] = {}   # channel -> [(seq, message)] waiting for a new master
+        self._held_count = 0
+        self.failing_since = 0.0      # a stream to the home broke (mirrored queue): no new links
+        self._held_timer = None
+        self._home_timer = None
+        # deliveries across a failover (MIR-8): keys this node's clients acked (key -> epoch),
+        # old deliveries they still hold (key -> entry), and redeliveries of those by the new
+        # master kept back until the client settles the old one (key -> (link, id))
+        self._acked: OrderedDict = OrderedDict()
+        self._pending: dict[int, RemoteEntry] = {}
+        self._shadow: dict[int, tuple] = {}
+        self.successor = None         # this node masters the queue now: (Queue, {key: Entry})
+        self.replacement = None       # the local Queue that replaced this handle (a promotion here)
 
     def __repr__(self) -> str:
         return f"<RemoteQueue {self.vhost}/{self.name}@{self.home}>"
@@ -290,26 +354,136 @@ class RemoteQueue:
     def link(self, channel) -> QueueLink:
         link = self._links.get(channel)
         if link is None or link.closed:
+            if self.mirrored and self._failing():     # not to a home whose stream just broke
+                raise AMQPError(ReplyCode.NOT_FOUND, f"home node of {self.describe()} is down")
             link = self._links[channel] = QueueLink(self, channel)
         return link
 
-    def unlink(self, channel) -> None:
+    def unlink(self, channel, carry: bool = False) -> None:
         link = self._links.pop(channel, None)
         if link is not None:
-            link.close()
+            if carry:
+                self._hold_front(channel, link.abandon(carry=True))
+            else:
+                link.close()
+        if not carry and channel.closed:
+            self._channel_gone(channel)
+
+    def _channel_gone(self, channel) -> None:
+        """A closed channel answers none of the old deliveries it held (those it never got to
+        its client included): their redeliveries held back for it go to other consumers."""
+        for key, entry in list(self._pending.items()):
+            if entry.link.channel is channel:
+                self._settle_old(entry, REQUEUE)
 
     # ---- what a channel does with a queue --------------------------------------------------
     def publish_from(self, channel, message: Message, seq: int) -> None:
-        """Forward a publish; while the home node is down it is nacked (or dropped without confirms)."""
+        """Forward a publish. While the home node is down, a mirrored queue's publishes wait for
+        the new master (and are confirmed by it); others are nacked (or dropped without confirms)."""
+        if self.mirrored and self._failing():
+            self._hold(channel, [(seq, message)])
+            return
         try:
             link = self.link(channel)
         except AMQPError:
-            if seq:
+            if self.mirrored:
+                self.failing_over()
+                self._hold(channel, [(seq, message)])
+            elif seq:
                 channel.remote_settled((seq,), False)
             return
         if seq:
-            link.unconfirmed.add(seq)
+            if not message.publish_id:      # so that a new master knows it if it is sent again
+                message.publish_id = random.getrandbits(63) or 1
+            link.unconfirmed[seq] = message
         link.send(pb.QueueCall(publish=pb.QueueCall.Publish(seq=seq, message=message_to_pb(message))))
+
+    # ---- publishes held across a failover (CONF-4/5, MIR-4) -----------------------------------
+    def failing_over(self) -> None:
+        """A stream to the home broke: until a failover (or the home answers again) no new link
+        is opened to it, so nothing more is sent where it may be lost."""
+        if not self.failing_since:
+            loop = asyncio.get_running_loop()
+            self.failing_since = loop.time()
+            if self.on_home_lost is not None:
+                self.on_home_lost(self.home)
+            loop.call_later(BLIP, self._still_failing, self.failing_since)
+
+    def _still_failing(self, since: float) -> None:
+        """No failover came and the home answers again (its stream broke, the node lives): what
+        waited for a new master goes back to it."""
+        if self.failing_since != since or self.deleted:
+            return
+        if self._failing():
+            asyncio.get_running_loop().call_later(0.2, self._still_failing, since)
+            return
+        self.flush_held()
+        hand_over(self.drop_orphans(), self.add_consumer)
+        self.replay_parked()
+
+    def _failing(self) -> bool:
+        if not self.failing_since:
+            return False
+        if asyncio.get_running_loop().time() - self.failing_since > BLIP and self.home_up(self.home):
+            self.failing_since = 0.0          # a broken stream, not a dead node: go on with it
+            return False
+        return True
+
+    def _hold(self, channel, items: list) -> None:
+        if not items:
+            return
+        if self._held_count + len(items) > HELD_MAX or not self.can_fail_over():   # cannot be placed
+            seqs = [seq for seq, _m in items if seq]
+            if seqs:
+                channel.remote_settled(seqs, False)
+            return
+        self._held.setdefault(channel, []).extend(items)
+        self._held_count += len(items)
+        self._watch_held()
+
+    def _hold_front(self, channel, items: list) -> None:
+        """Publishes a link did not see confirmed: older than any held since, so they go first."""
+        if items:
+            self._held[channel] = items + self._held.get(channel, [])
+            self._held_count += len(items)
+            self._watch_held()
+
+    def _watch_held(self) -> None:
+        if self._held_timer is None:
+            loop = asyncio.get_running_loop()
+            self._held_timer = loop.call_later(0.2, self._check_held, loop.time())
+
+    def _check_held(self, since: float) -> None:
+        """No failover came: publishes held too long are nacked; if the home answers again
+        (the stream broke but the node lives) they go to it."""
+        self._held_timer = None
+        if not self._held:
+            return
+        loop = asyncio.get_running_loop()
+        if not self._failing():
+            self.flush_held()
+        elif loop.time() - since > PARK_TIMEOUT or not self.can_fail_over():
+            for channel, seq, _message in self.take_held():
+                if seq:
+                    channel.remote_settled((seq,), False)
+        else:
+            self._held_timer = loop.call_later(0.2, self._check_held, since)
+
+    def take_held(self) -> list:
+        """[(channel, seq, message)] held, in each channel's publish order; none are kept."""
+        held, self._held, self._held_count = self._held, {}, 0
+        return [(channel, seq, message) for channel, items in held.items() if not channel.closed
+                for seq, message in items]
+
+    def flush_held(self) -> None:
+        """The master is known again: held publishes go to it, each channel's in order."""
+        held = self.take_held()
+        if held:
+            structlog.get_logger("haremq.cluster").info(
+                "publishes carried to the queue's master", vhost=self.vhost, queue=self.name, home=self.home,
+                epoch=self.epoch, publishes=len(held))
+        for channel, seq, message in held:
+            self.publish_from(channel, message, seq)
 
     def publish(self, message: Message) -> int:
         """A publish by the node itself (dead-lettering): forwarded, not confirmed."""
@@ -372,9 +546,77 @@ class RemoteQueue:
     def _settle(self, entries, mode: int) -> None:
         by_link: dict[QueueLink, list[int]] = {}
         for entry in entries:
-            by_link.setdefault(entry.link, []).append(entry.seq)
+            link = entry.link
+            link.delivered.pop(entry.seq, None)
+            if mode != REQUEUE and entry.key:
+                self.note_acked(entry.key, link.epoch, entry.message)
+            if link.abandoned:
+                self._settle_old(entry, mode)
+            else:
+                by_link.setdefault(link, []).append(entry.seq)
         for link, ids in by_link.items():
             link.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=ids, mode=mode)))
+
+    # ---- deliveries across a failover: each comes back once, only if the client did not ack it --
+    def note_acked(self, key: int, epoch: int, message: Message) -> None:
+        if key:
+            acked = self._acked
+            acked[key] = (epoch, fingerprint(message))
+            if len(acked) > ACKED_KEYS:
+                acked.popitem(last=False)
+
+    def in_doubt(self, entries) -> None:
+        """Deliveries of a link given up: the client still holds them and may yet settle them."""
+        for entry in entries:
+            if entry.key:
+                self._pending[entry.key] = entry
+
+    def seen_before(self, link: QueueLink, d) -> bool:
+        """A delivery by a new master of what this node's client acked through the old one (its
+        ack never reached the mirrors) is acked again at once; of what the client still holds,
+        it waits for the client's answer to the old delivery. Neither reaches the client twice.
+        Not only redeliveries: a mirror that never heard of the delivery calls it a first one."""
+        key = d.key
+        acked = self._acked.get(key)
+        pending = self._pending.get(key)
+        if acked is None and pending is None:
+            return False
+        # a key a new master gave to another message (the old one had used it for a message
+        # that never reached the mirrors) must not be taken for it: same message, same print
+        print_ = fingerprint(d.message)
+        if acked is not None and link.epoch > acked[0] and acked[1] == print_:
+            link.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=[d.id], mode=ACK)))
+            return True
+        if pending is not None and fingerprint(pending.message) == print_:
+            self._shadow[key] = (link, d.id)
+            return True
+        return False
+
+    def _settle_old(self, entry: RemoteEntry, mode: int) -> None:
+        """The client settled a delivery made by a master since gone: the same goes for its
+        redelivery by the new master (held back meanwhile), here or on the master's node."""
+        key = entry.key
+        self._pending.pop(key, None)
+        shadow = self._shadow.pop(key, None)
+        if shadow is not None:
+            link, delivery_id = shadow
+            link.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=[delivery_id], mode=mode)))
+        elif self.successor is not None:
+            queue, held = self.successor
+            held_entry = held.pop(key, None)
+            if held_entry is not None and not queue.deleted:
+                if mode == REQUEUE:
+                    queue.requeue([held_entry])
+                elif mode == DISCARD:
+                    queue.reject([held_entry])
+                else:
+                    queue.settle([held_entry])
+
+    def doubts(self) -> tuple[dict, dict]:
+        """({key: print} acked, {key: print} still held by clients) here: what a master taking
+        over on this node must not deliver again, or only once the client has answered."""
+        return ({key: print_ for key, (_epoch, print_) in self._acked.items()},
+                {key: fingerprint(entry.message) for key, entry in self._pending.items()})
 
     def settle(self, entries) -> None:
         self._settle(entries, ACK)
@@ -402,12 +644,35 @@ class RemoteQueue:
         """The home node's message and consumer counts (a passive declare via another node)."""
         self._ask_home("queue_stats", lambda r: (r["message_count"], r["consumer_count"]), answer, 10)
 
-    def _ask_home(self, command: str, pick, answer, method_id: int) -> None:
+    def _ask_home(self, command: str, pick, answer, method_id: int, deadline: float = 0.0) -> None:
+        """A Control command on the home node. A mirrored queue whose master is down or has
+        moved waits for the failover (bounded by PARK_TIMEOUT) and asks the new master; a
+        queue that has no live master after that is a clear 404."""
+        loop = asyncio.get_running_loop()
+        deadline = deadline or loop.time() + PARK_TIMEOUT
         down = AMQPError(ReplyCode.NOT_FOUND, f"home node of {self.describe()} is down", 50, method_id)
-        peer = self.peers(self.home)
-        if peer is None or peer.stub is None or not self.home_up(self.home):
-            answer(None, down)
+        gone = AMQPError(ReplyCode.NOT_FOUND, f"no {self.describe()}", 50, method_id)
+        local = self.replacement
+        if local is not None and not local.deleted:     # this node took over as its master
+            if command == "purge_queue":
+                answer(local.purge(), None)
+            else:
+                answer((local.message_count, local.consumer_count), None)
             return
+
+        def wait_or(err: AMQPError) -> None:
+            if self.mirrored and not self.deleted and loop.time() < deadline:
+                self._park(None, err, lambda: self._ask_home(command, pick, answer, method_id, deadline),
+                           lambda final: answer(None, final), deadline - loop.time())
+            else:
+                answer(None, err)
+
+        peer = self.peers(self.home)
+        if peer is None or peer.stub is None or not self.home_up(self.home) or \
+                (self.mirrored and self._failing()):
+            wait_or(down)
+            return
+        home, epoch = self.home, self.epoch
 
         async def call():
             import json
@@ -416,10 +681,15 @@ class RemoteQueue:
                     command=command, arguments=json.dumps({"vhost": self.vhost, "name": self.name}).encode()),
                     timeout=10.0, metadata=self.metadata())
             except grpc.aio.AioRpcError:
-                answer(None, down)
+                if self.mirrored:
+                    self.failing_over()
+                wait_or(down)
                 return
             if not reply.ok:
-                answer(None, AMQPError(ReplyCode.NOT_FOUND, f"no {self.describe()}", 50, method_id))
+                if self.mirrored and (self.home, self.epoch) != (home, epoch):
+                    self._ask_home(command, pick, answer, method_id, deadline)   # it moved meanwhile
+                else:
+                    wait_or(gone)         # the home has not applied the failover yet, or no queue
                 return
             answer(pick(json.loads(reply.result)), None)
 
@@ -431,33 +701,59 @@ class RemoteQueue:
         if self.on_home_lost is not None:
             self.on_home_lost(self.home)
 
-    def _park(self, channel, err: AMQPError, retry) -> None:
+    def _park(self, channel, err: AMQPError, retry, fail=None, timeout: float = PARK_TIMEOUT) -> None:
         """A mirrored queue's master is down: the call waits for the failover (as a RabbitMQ
-        mirrored queue's clients do), and fails with `err` if none comes in time."""
+        mirrored queue's clients do), and fails with `err` (or fail()) if none comes in time.
+        channel None: a call on behalf of no channel in particular."""
         parked = (channel, retry)
         self._parked.append(parked)
+        self._watch_home()
 
         def give_up():
             if parked in self._parked:
                 self._parked.remove(parked)
-                if not channel.closed:
-                    channel.session.fail_channel(channel.id, err)
-        asyncio.get_running_loop().call_later(PARK_TIMEOUT, give_up)
+                final = err
+                if not self.can_fail_over():      # no in-sync mirror is up: none will take over
+                    final = AMQPError(err.code, f"home node of {self.describe()} is down and no synchronised "
+                                      "mirror can take over", err.class_id, err.method_id)
+                if fail is not None:
+                    fail(final)
+                elif not channel.closed:
+                    channel.session.fail_channel(channel.id, final)
+        asyncio.get_running_loop().call_later(max(0.0, timeout), give_up)
+
+    def _watch_home(self) -> None:
+        if self._home_timer is None:
+            self._home_timer = asyncio.get_running_loop().call_later(0.2, self._home_check)
+
+    def _home_check(self) -> None:
+        """Calls waiting for a failover: the master itself came back (no mirror took over), so
+        they go to it."""
+        self._home_timer = None
+        if not self._parked or self.deleted:
+            return
+        if self.home_up(self.home) and not self._failing():
+            self.replay_parked()
+        else:
+            self._watch_home()
 
     def rehome(self, home: str, epoch: int) -> None:
-        """A mirror on `home` is the master now: links to the old one end (their unconfirmed
-        publishes nacked) and consumers re-attach to the new one, unless they asked for
-        x-cancel-on-ha-failover."""
+        """A mirror on `home` is the master now: links to the old one end, their unconfirmed
+        publishes and those held meanwhile go to the new one (confirmed once safe there), and
+        consumers re-attach to it, unless they asked for x-cancel-on-ha-failover."""
         self.home = home
         self.epoch = epoch
-        hand_over(self.abandon(), self.add_consumer)
+        self.failing_since = 0.0
+        consumers = self.abandon()
+        self.flush_held()
+        hand_over(consumers, self.add_consumer)
         self.replay_parked()
 
     def replay_parked(self) -> None:
         """The failover is done: calls that waited for it go to the new master."""
         parked, self._parked = self._parked, []
         for channel, retry in parked:
-            if not channel.closed:
+            if channel is None or not channel.closed:
                 retry()
 
     def drop_orphans(self) -> list:
@@ -471,16 +767,23 @@ class RemoteQueue:
         return orphans
 
     def abandon(self) -> list:
-        """Drop every link (the master moved): returns the consumers, now attached to nothing."""
+        """Drop every link (the master moved): returns the consumers, now attached to nothing.
+        A mirrored queue's unconfirmed publishes are held for the new master (take_held)."""
         links, self._links = self._links, {}
-        for link in links.values():
-            link.abandon()
+        for channel, link in links.items():
+            if self.mirrored:
+                self._hold_front(channel, link.abandon(carry=True))
+            else:
+                link.abandon()
         consumers = list(self.consumers)
         self.consumers.clear()
         return consumers
 
     def mark_deleted(self) -> list:
         self.deleted = True
+        for channel, seq, _message in self.take_held():   # as RabbitMQ: a publish to a queue
+            if seq:                                          # deleted meanwhile is confirmed
+                channel.remote_settled((seq,), True)
         consumers = list(self.consumers)
         self.consumers.clear()
         for link in list(self._links.values()):

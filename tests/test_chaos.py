@@ -39,6 +39,7 @@ class Load:
         self.published: set[str] = set()
         self.confirmed: set[str] = set()
         self.consumed: Counter = Counter()
+        self.nacked = 0
         self.threads = []
         for i, _m in enumerate(members):
             self.threads.append(threading.Thread(target=self._publish, args=(i,), daemon=True))
@@ -80,6 +81,8 @@ class Load:
                     try:
                         ch.basic_publish("", QUEUE, body.encode(), pika.BasicProperties(delivery_mode=2))
                     except pika.exceptions.NackError:
+                        with self.lock:
+                            self.nacked += 1
                         time.sleep(0.02)
                         continue
                     with self.lock:
@@ -193,9 +196,115 @@ def test_chaos_total_queue(tmp_path):
     consumed = set(load.consumed)
     lost = load.confirmed - consumed
     report.update(published=len(load.published), confirmed=len(load.confirmed), consumed=len(consumed),
+                  nacked=load.nacked,
                   lost_confirmed=len(lost), duplicates=sum(n - 1 for n in load.consumed.values() if n > 1),
                   unconfirmed_lost=len(load.published - load.confirmed - consumed))
     print("chaos tally:", json.dumps(report, sort_keys=True))
     assert report["kill_rounds"] == KILL_ROUNDS and report["partition_rounds"] == PARTITION_ROUNDS
     assert load.confirmed, "nothing was confirmed"
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
+
+
+def _survivor_calls(member, results, start):
+    """A client arriving on a survivor while the master is down: a passive declare, a declare
+    (as kombu, Celery and Spring send after a 404), then a consumer. Each answer, or the error."""
+    def run(op, fn):
+        start.wait()
+        t0 = time.monotonic()
+        try:
+            c = pika.BlockingConnection(pika.URLParameters(member.url + "?heartbeat=5&socket_timeout=15"))
+            try:
+                fn(c.channel())
+                results.append((member.name, op, None, time.monotonic() - t0))
+            finally:
+                _close(c)
+        except Exception as exc:  # noqa: BLE001 - a refusal is what this test looks for
+            results.append((member.name, op, exc, time.monotonic() - t0))
+
+    def consume(ch):      # holds what it gets, unacked: it goes back when the connection closes
+        ch.basic_qos(prefetch_count=10)
+        ch.basic_consume(QUEUE, lambda *_a: None)
+        ch.connection.process_data_events(0.2)
+    return [threading.Thread(target=run, args=a, daemon=True) for a in (
+        ("passive", lambda ch: ch.queue_declare(QUEUE, passive=True)),
+        ("declare", lambda ch: ch.queue_declare(QUEUE, durable=True)),
+        ("consume", consume))]
+
+
+@pytest.mark.timeout(120 + 40 * KILL_ROUNDS)
+def test_chaos_clients_on_survivors_never_see_404_during_a_failover(tmp_path):
+    """Issue 16: under publish/consume load, each master kill is followed at once by passive and
+    plain declares and consumes on every survivor. None may be refused, the queue is never
+    duplicated or emptied, and nothing confirmed is lost. Prints how long the calls waited."""
+    members, partition = proxied_cluster(tmp_path, failure_timeout=3.0)
+    by_name = {m.name: m for m in members}
+    load = Load(members)
+    results: list = []
+    try:
+        r = ctl(members[0], "set-policy", "chaos", r"^chaos\.", json.dumps({"ha-mode": "all",
+                                                                           "ha-sync-mode": "automatic"}),
+                "--apply-to", "queues")
+        assert r.returncode == 0, r.stderr
+        c = pika.BlockingConnection(pika.URLParameters(members[0].url))
+        c.channel().queue_declare(QUEUE, durable=True)
+        c.close()
+        wait_until(lambda: _healthy(members, members), timeout=30)
+        load.start()
+        time.sleep(2)
+        for round_ in range(KILL_ROUNDS):
+            row = wait_until(lambda: _healthy(members, members), timeout=60,
+                             message=f"round {round_}: the queue never had all its mirrors in sync")
+            victim = by_name[row["master"]]
+            start = threading.Event()
+            threads = [t for m in members if m is not victim for t in _survivor_calls(m, results, start)]
+            for t in threads:
+                t.start()
+            victim.kill9()
+            start.set()
+            for t in threads:
+                t.join(40)
+            rows = [x for x in ctl_rows(members, victim) if x["name"] == QUEUE]
+            assert len(rows) == 1, f"round {round_}: {len(rows)} queues named {QUEUE}: {rows}"
+            time.sleep(1.0)
+            victim.start(timeout=60)
+        wait_until(lambda: _healthy(members, members), timeout=60, message="the cluster never settled")
+        time.sleep(2)
+    finally:
+        load.finish()
+        row = _healthy(members, members) or {}
+        drain_from = by_name.get(row.get("master"), members[1])
+        try:
+            c = pika.BlockingConnection(pika.URLParameters(drain_from.url))
+            ch = c.channel()
+            while True:
+                method, _props, body = ch.basic_get(QUEUE, auto_ack=True)
+                if method is None:
+                    break
+                load.consumed[body.decode()] += 1
+            c.close()
+        finally:
+            for m in members:
+                m.kill9()
+            partition["close"]()
+    lost = load.confirmed - set(load.consumed)
+    waits = sorted(w for _n, _op, err, w in results if err is None)
+    refused = [(n, op, str(err)) for n, op, err, _w in results if err is not None]
+    print("survivor calls during failover:", json.dumps({
+        "rounds": KILL_ROUNDS, "calls": len(results), "refused": len(refused),
+        "wait_median_s": round(waits[len(waits) // 2], 3) if waits else None,
+        "wait_worst_s": round(waits[-1], 3) if waits else None,
+        "confirmed": len(load.confirmed), "lost_confirmed": len(lost), "nacked": load.nacked,
+        "duplicates": sum(n - 1 for n in load.consumed.values() if n > 1)}, sort_keys=True))
+    assert not refused, f"refused during a failover: {refused}"
+    assert len(results) == 6 * KILL_ROUNDS
+    assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
+
+
+def ctl_rows(members, victim):
+    """list-queues as a survivor sees it."""
+    for m in members:
+        if m is not victim:
+            r = ctl(m, "list-queues", "--json")
+            if r.returncode == 0:
+                return json.loads(r.stdout)
+    return []

@@ -804,3 +804,118 @@ def test_a_member_restarted_with_a_new_address_is_a_synchronised_mirror_again_at
         for m in members:
             m.kill9()
         hosts.close()
+
+
+# ---- no 404 for a live mirrored queue (issue 16) -------------------------------------------------
+def _at_once(calls):
+    """Run each call in its own thread, all released together; {name: result or exception}."""
+    start = threading.Event()
+    results = {}
+
+    def run(name, fn):
+        start.wait()
+        try:
+            results[name] = fn()
+        except Exception as exc:  # noqa: BLE001 - what the client saw is the result
+            results[name] = exc
+    threads = [threading.Thread(target=run, args=item, daemon=True) for item in calls.items()]
+    for t in threads:
+        t.start()
+    start.set()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+def test_declare_bind_consume_and_get_on_survivors_wait_for_the_failover(cluster):
+    # clients that answer a 404 by declaring again (kombu, Celery, Spring) must never see one for a
+    # mirrored queue with an in-sync mirror, on any node, and a declare meanwhile never makes a
+    # second, empty queue
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _mirrored_on_all(hare1, "ha.scale")
+    c, ch = _chan(hare1, confirm=True)
+    for i in range(50):
+        ch.basic_publish("", "ha.scale", str(i).encode(), PERSISTENT)
+    c.close()
+    chans = {}
+    for m in (hare2, hare3):
+        for op in ("passive", "declare", "bind", "get", "consume"):
+            chans[m.name, op] = _chan(m)          # connected before the kill: used right after it
+    got = []
+
+    def consume(conn, ch):
+        ch.basic_consume("ha.scale", lambda c_, m, _p, body: (got.append(body), c_.basic_ack(m.delivery_tag)),
+                         consumer_tag="survivor")
+        return "consume-ok"
+
+    chans["hare3", "consume"][1].basic_qos(prefetch_count=5)    # leaves some for the get
+
+    calls = {}
+    for name in ("hare2", "hare3"):
+        calls[name, "passive"] = lambda ch=chans[name, "passive"][1]: \
+            ch.queue_declare("ha.scale", passive=True).method.message_count
+        calls[name, "declare"] = lambda ch=chans[name, "declare"][1]: \
+            ch.queue_declare("ha.scale", durable=True).method.message_count
+        calls[name, "bind"] = lambda ch=chans[name, "bind"][1], n=name: \
+            (ch.queue_bind("ha.scale", "amq.direct", routing_key=f"via-{n}"), "bind-ok")[1]
+    calls["hare2", "get"] = lambda ch=chans["hare2", "get"][1]: ch.basic_get("ha.scale", auto_ack=False)[2]
+    calls["hare3", "consume"] = lambda c_ch=chans["hare3", "consume"]: consume(*c_ch)
+    hare1.kill9()
+    results = _at_once(calls)
+    errors = {k: v for k, v in results.items() if isinstance(v, Exception)}
+    assert not errors, f"refused during the failover: {errors}"
+    for name in ("hare2", "hare3"):
+        assert results[name, "bind"] == "bind-ok" and results[name, "declare"] <= 50 \
+            and results[name, "passive"] <= 50
+    taken = results["hare2", "get"]
+    assert taken is not None
+    rows = [r for r in ctl_json(hare2, "list-queues") if r["name"] == "ha.scale"]
+    assert len(rows) == 1 and rows[0]["master"] != "hare1"          # one queue, not a new one
+    cons_c, _cons = chans["hare3", "consume"]
+    wait_until(lambda: cons_c.process_data_events(0.05) or len(got) >= 49, timeout=20,
+               message=f"the survivor's consumer got {len(got)} of 49")
+    assert sorted([*got, taken], key=int) == [str(i).encode() for i in range(50)]   # all, once
+    pc, pub = _chan(hare3, confirm=True)                  # the bindings made meanwhile hold
+    pub.basic_publish("amq.direct", "via-hare2", b"bound-2", PERSISTENT)
+    pub.basic_publish("amq.direct", "via-hare3", b"bound-3", PERSISTENT)
+    wait_until(lambda: cons_c.process_data_events(0.05) or len(got) >= 51, timeout=20)
+    assert got[-2:] == [b"bound-2", b"bound-3"]
+    for conn, _ch in [*chans.values(), (pc, pub)]:
+        if conn.is_open:
+            conn.close()
+
+
+def test_a_mirrored_queue_no_mirror_can_take_over_is_a_clear_404(cluster):
+    # bounded: when no synchronised mirror is up, nothing will promote one, so the answer is a
+    # 404 that says so rather than a wait
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "exactly", "ha-params": 2})      # manual sync
+    c, ch = _chan(hare1, confirm=True)
+    ch.queue_declare("ha.lonely", durable=True)
+    ch.basic_publish("", "ha.lonely", b"x", PERSISTENT)
+    c.close()
+    mirror = next(m for m in (hare2, hare3) if m.name in queue_row(hare1, "ha.lonely")["mirrors"])
+    other = hare3 if mirror is hare2 else hare2
+    _restart(mirror)          # back empty and, with manual sync, not synchronised
+    wait_until(lambda: queue_row(hare1, "ha.lonely")["synchronised_mirrors"] == [], timeout=20)
+    hare1.kill9()
+    c, ch = _chan(other)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        ch.queue_declare("ha.lonely", passive=True)
+    assert refused.value.reply_code == 404
+    assert "no synchronised mirror can take over" in refused.value.reply_text
+    c.close()
+    hare1.start(timeout=60)
+
+    def count():
+        c, ch = _chan(other)
+        try:
+            return ch.queue_declare("ha.lonely", passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker:
+            return None        # until this node sees its master up again
+        finally:
+            if c.is_open:
+                c.close()
+    assert wait_until(lambda: count() is not None, timeout=20) and count() == 1   # still there

@@ -131,16 +131,18 @@ class ProposeReply(_message.Message):
     def __init__(self, ok: bool = ..., index: _Optional[int] = ..., error: _Optional[str] = ..., result: _Optional[bytes] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("exchange", "routing_key", "properties", "body")
+    __slots__ = ("exchange", "routing_key", "properties", "body", "publish_id")
     EXCHANGE_FIELD_NUMBER: _ClassVar[int]
     ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
     PROPERTIES_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_ID_FIELD_NUMBER: _ClassVar[int]
     exchange: str
     routing_key: str
     properties: bytes
     body: bytes
-    def __init__(self, exchange: _Optional[str] = ..., routing_key: _Optional[str] = ..., properties: _Optional[bytes] = ..., body: _Optional[bytes] = ...) -> None: ...
+    publish_id: int
+    def __init__(self, exchange: _Optional[str] = ..., routing_key: _Optional[str] = ..., properties: _Optional[bytes] = ..., body: _Optional[bytes] = ..., publish_id: _Optional[int] = ...) -> None: ...
 
 class QueueCall(_message.Message):
     __slots__ = ("open", "publish", "get", "consume", "cancel", "settle", "prefetch")
@@ -232,18 +234,20 @@ class QueueEvent(_message.Message):
         ok: bool
         def __init__(self, seqs: _Optional[_Iterable[int]] = ..., ok: bool = ...) -> None: ...
     class Delivery(_message.Message):
-        __slots__ = ("tag", "id", "redelivered", "message", "message_count")
+        __slots__ = ("tag", "id", "redelivered", "message", "message_count", "key")
         TAG_FIELD_NUMBER: _ClassVar[int]
         ID_FIELD_NUMBER: _ClassVar[int]
         REDELIVERED_FIELD_NUMBER: _ClassVar[int]
         MESSAGE_FIELD_NUMBER: _ClassVar[int]
         MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
+        KEY_FIELD_NUMBER: _ClassVar[int]
         tag: str
         id: int
         redelivered: bool
         message: Message
         message_count: int
-        def __init__(self, tag: _Optional[str] = ..., id: _Optional[int] = ..., redelivered: bool = ..., message: _Optional[_Union[Message, _Mapping]] = ..., message_count: _Optional[int] = ...) -> None: ...
+        key: int
+        def __init__(self, tag: _Optional[str] = ..., id: _Optional[int] = ..., redelivered: bool = ..., message: _Optional[_Union[Message, _Mapping]] = ..., message_count: _Optional[int] = ..., key: _Optional[int] = ...) -> None: ...
     class Empty(_message.Message):
         __slots__ = ()
         def __init__(self) -> None: ...

@@ -124,6 +124,7 @@ class Channel:
             consumer, entry = parked[0]
             if entry.link.closed:          # its home went away; the home requeues it, if it returns
                 parked.popleft()
+                entry.link.queue.requeue([entry])   # and the client never had it (a failover's redelivery)
                 continue
             if not self._room_for(consumer):
                 return
@@ -768,6 +769,22 @@ class Channel:
             self.session.note_confirms(self)
         elif self.tx_remote is not None:
             self.tx_remote.settled(seqs, ok)
+
+    def republish(self, queue, message: Message, seq: int) -> None:
+        """A publish held while its mirrored queue failed over, placed on the new master (here or
+        on another node): confirmed (or a tx.commit released) once it is safe there."""
+        if self.closed:
+            return
+        if queue.remote:
+            self._remote(queue).publish_from(self, message, seq)
+            return
+        outcome = queue.publish(message)
+        if not seq:
+            return
+        if outcome == LOGGED:
+            queue.when_safe(lambda ok, s: self.remote_settled((s,), ok), seq)
+        else:
+            self.remote_settled((seq,), outcome == SAFE)
 
     def _on_durable(self, ok: bool, seq: int) -> None:
         if self.closed:

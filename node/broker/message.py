@@ -11,7 +11,7 @@ from ..protocol.frames import shortstr
 
 class Message:
     __slots__ = ("exchange", "routing_key", "props_raw", "body", "persistent", "priority",
-                 "expiration", "_exchange_raw", "_routing_key_raw")
+                 "expiration", "_exchange_raw", "_routing_key_raw", "publish_id")
 
     def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes,
                  persistent: bool = False, priority: int | None = None, expiration: int | None = None):
@@ -24,6 +24,7 @@ class Message:
         self.expiration = expiration     # the `expiration` property in milliseconds, checked at publish
         self._exchange_raw = None
         self._routing_key_raw = None
+        self.publish_id = 0      # set when forwarded to another node's queue (see cluster.remote_queue)
 
     @property
     def size(self) -> int:
