@@ -8,7 +8,6 @@ the channel that proposed it, which replies to its client only then.
 """
 from __future__ import annotations
 
-import itertools
 import json
 
 import structlog
@@ -266,15 +265,20 @@ class MetadataMachine:
         keep, hold, gone = [], [], []
         for item in contents:
             key, message = item[0], item[1]
-            if key in acked and acked[key] == fingerprint(message):
-                gone.append(item)
-            elif key in held_keys and held_keys[key] == fingerprint(message):
-                hold.append(item)
-            else:
-                keep.append(item)
+            if key in acked or key in held_keys:
+                if message is None:       # only in the store: read it to compare
+                    message = queue.read_message(item[3])
+                    item = (key, message, *item[2:])
+                if acked.get(key) == fingerprint(message):
+                    gone.append(item)
+                    continue
+                if held_keys.get(key) == fingerprint(message):
+                    hold.append(item)
+                    continue
+            keep.append(item)
         queue.adopt(keep)
         if contents:
-            queue._seq = itertools.count(max(item[0] for item in contents) + 1)
+            queue.next_seq = max(queue.next_seq, contents[-1][0] + 1)
         ids = [msg_id for _k, _m, _d, msg_id, _e in gone if msg_id]
         if ids and queue.store is not None:
             queue.store.ack(queue.store_id, ids)
@@ -301,7 +305,7 @@ class MetadataMachine:
         store = self.broker.store
         count = 0
         for store_id, messages in self.recovered.items():
-            ids = [msg_id for msg_id, _delivered in messages]
+            ids = list(messages)
             count += len(ids)
             if store is not None and ids:
                 store.ack(store_id, ids)

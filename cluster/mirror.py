@@ -1,11 +1,11 @@
 """A mirrored queue's mirror side: the master's changes applied in order (MIR-2, MIR-5).
 
 A `MirrorQueue` holds what the master holds: every message still in the
-queue, in order, each flagged if it was ever delivered, so that on promotion
-(MIR-4) delivered-but-unacked messages come back with redelivered=true. What
-the master logs (persistent messages of a durable queue) the mirror logs too,
-in its own store under the same queue id, and it acknowledges a sequence only
-once those writes are fsynced.
+queue, by key (its position on the master), each flagged if it was ever
+delivered, so that on promotion (MIR-4) delivered-but-unacked messages come
+back with redelivered=true. The messages of a durable queue are written to this
+node's store under the same queue id and only their ids stay in memory; a
+sequence is acknowledged only once those writes are fsynced.
 
 The stream is fenced (MIR-5): it is taken only from the node the metadata
 log names as the master, with the log's current epoch, and it stops being
@@ -22,73 +22,115 @@ import structlog
 from .remote_queue import message_from_pb
 from .rpc import cluster_pb2 as pb
 
-REMOVED_IDS = 10_000
-
 ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, pb.MirrorOp.REMOVE,
                                      pb.MirrorOp.REQUEUE)
 
 
+REMOVED_IDS = 10_000   # publish ids of messages removed lately, and of the newest ones, kept
+HELD_LIMIT = 8192     # messages a mirror of a durable queue keeps in memory; the rest only in its store
+
+
 class MirrorQueue:
+    """A mirror's copy, in the same shape as the master's paged queue: messages of a durable
+    queue live in this node's store and only their ids are kept here (a few transient ones are
+    held in memory, up to HELD_LIMIT, then logged as transient too); a non-durable queue's
+    messages are held in memory, as on its master."""
+
     def __init__(self, vhost: str, name: str, store=None, store_id: int = 0):
         self.vhost = vhost
         self.name = name
         self.store = store if store_id else None
         self.store_id = store_id
-        self.entries: dict[int, list] = {}   # key -> [Message, delivered, msg_id, expires], in key order
-        self.stream = None                    # the stream now feeding it; an older one stops
-        # publish ids of the messages removed lately (consumed, maybe before their publisher saw
-        # the confirm): a publisher's node sends those again to a promoted mirror (issue 16)
+        self.ids: dict[int, int] = {}           # key -> store msg id
+        self.held: dict[int, object] = {}       # key -> Message kept in memory
+        self.delivered: set[int] = set()        # keys delivered (or requeued) on the master
+        self.expires: dict[int, float] = {}     # key -> TTL deadline
+        self.stream = None                      # the stream now feeding it; an older one stops
+        # publish ids of the newest messages, and of those removed lately (consumed, maybe before
+        # their publisher saw the confirm): a publisher's node sends those again to a promoted
+        # mirror, which must not enqueue them twice
+        self.recent_ids: dict[int, int] = {}    # key -> publish id, the newest REMOVED_IDS
         self.removed_ids: deque = deque(maxlen=REMOVED_IDS)
 
     def discard(self) -> None:
         """Forget every message (a reset, the queue deleted, or this node no longer a mirror)."""
-        if self.store is not None:
-            ids = [e[2] for e in self.entries.values() if e[2]]
-            if ids:
-                self.store.ack(self.store_id, ids)
-        self.entries.clear()
+        if self.store is not None and self.ids:
+            self.store.ack(self.store_id, list(self.ids.values()))
+        self.ids.clear()
+        self.held.clear()
+        self.recent_ids.clear()
+        self.delivered.clear()
+        self.expires.clear()
 
     def apply(self, op) -> None:
         kind = op.kind
-        entries = self.entries
         if kind == ENQUEUE:
-            message = message_from_pb(op.message)
-            msg_id = 0
-            if self.store is not None and message.persistent:
-                msg_id = self.store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
-                                            message.props_raw, message.body, delivered=op.redelivered)
-            old = entries.pop(op.key, None)      # a snapshot may repeat a message it already holds
-            if old is not None and old[2]:
-                self.store.ack(self.store_id, [old[2]])
-            expires = time.monotonic() + op.ttl_left_ms / 1000.0 if op.ttl_left_ms else 0.0
-            entries[op.key] = [message, op.redelivered, msg_id, expires]
-            return
-        if kind == REMOVE:
-            ids = []
+            self._enqueue(op)
+        elif kind == REMOVE:
+            ids = self.ids
+            held, delivered, expires = self.held, self.delivered, self.expires
+            acked = []
             for key in op.keys:
-                entry = entries.pop(key, None)
-                if entry is not None and entry[0].publish_id:
-                    self.removed_ids.append(entry[0].publish_id)
-                if entry is not None and entry[2]:
-                    ids.append(entry[2])
-            if ids:
-                self.store.ack(self.store_id, ids)
-            return
-        for key in op.keys:     # DELIVER, REQUEUE: either way it counts as redelivered from now on
-            entry = entries.get(key)
-            if entry is not None and not entry[1]:
-                entry[1] = True
-                if entry[2] and kind == DELIVER:
-                    self.store.deliver(self.store_id, entry[2])
+                publish_id = self.recent_ids.pop(key, 0)
+                if publish_id:
+                    self.removed_ids.append(publish_id)
+                msg_id = ids.pop(key, None)
+                if msg_id is not None:
+                    acked.append(msg_id)
+                else:
+                    held.pop(key, None)
+                delivered.discard(key)
+                if expires:
+                    expires.pop(key, None)
+            if acked:
+                self.store.ack(self.store_id, acked)
+        else:       # DELIVER, REQUEUE: either way it counts as redelivered from now on
+            for key in op.keys:
+                if key in self.delivered:
+                    continue
+                msg_id = self.ids.get(key)
+                if msg_id is None and key not in self.held:
+                    continue
+                self.delivered.add(key)
+                if msg_id is not None and kind == DELIVER:
+                    self.store.deliver(self.store_id, msg_id)
+
+    def _enqueue(self, op) -> None:
+        key = op.key
+        message = message_from_pb(op.message)
+        old = self.ids.pop(key, None)           # a snapshot may repeat a message it already holds
+        if old is not None:
+            self.store.ack(self.store_id, [old])
+        self.held.pop(key, None)
+        store = self.store
+        if store is not None and (message.persistent or len(self.held) >= HELD_LIMIT):
+            self.ids[key] = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
+                                          message.props_raw, message.body, delivered=op.redelivered,
+                                          transient=not message.persistent)
+        else:
+            self.held[key] = message
+        if op.redelivered:
+            self.delivered.add(key)
+        else:
+            self.delivered.discard(key)
+        if op.ttl_left_ms:
+            self.expires[key] = time.monotonic() + op.ttl_left_ms / 1000.0
+        if message.publish_id:
+            recent = self.recent_ids
+            recent[key] = message.publish_id
+            if len(recent) > REMOVED_IDS:
+                del recent[next(iter(recent))]
 
     @property
     def message_count(self) -> int:
-        return len(self.entries)
+        return len(self.ids) + len(self.held)
 
-    def contents(self) -> list[tuple[int, object, bool, int, float]]:
-        """(key, Message, delivered, msg_id, TTL deadline or 0), oldest first: what a promoted
-        mirror starts from."""
-        return [(key, *e) for key, e in sorted(self.entries.items())]
+    def contents(self) -> list:
+        """(key, message or None when only in the store, delivered, msg_id, TTL deadline or 0),
+        oldest first: what a promoted mirror starts from. Bodies stay in the store."""
+        ids, held, delivered, expires = self.ids, self.held, self.delivered, self.expires
+        keys = sorted((*ids, *held)) if held else sorted(ids)
+        return [(key, held.get(key), key in delivered, ids.get(key, 0), expires.get(key, 0.0)) for key in keys]
 
 
 async def serve_mirror(mirroring, request_iterator, context):

@@ -30,7 +30,6 @@ from .replicator import Replicator
 
 TICK = 0.02         # the leader's watch: a promotion follows a master's death within a round
 STARVED = 0.5       # a round this late: the process was stopped or starved, its views are stale
-RESENT_WINDOW = 10_000   # newest messages of a promoted mirror whose publish ids are remembered
 RESENT_FOR = 60.0        # seconds: publishers' nodes send theirs again within a failover
 STREAM_CATCH_UP = 2.0     # how long a mirror stream waits for this node's log to catch up
 
@@ -48,6 +47,7 @@ class Mirroring:
         self._promoting: dict[tuple[str, str], int] = {}
         self._adopted: dict[tuple[str, str], tuple[set, float]] = {}   # publish ids a promotion brought
         self._removed_ids: set = set()      # those the promoted mirror saw removed lately
+        self._recent_ids: set = set()       # those of its newest messages
         self._task: asyncio.Task | None = None
         self._last_tick = 0.0
         self._quiet_until = 0.0
@@ -242,8 +242,9 @@ class Mirroring:
         if state.home == self.node:
             mirror = self.mirrors.pop(state.key, None)
             self._removed_ids = set(getattr(mirror, "removed_ids", ()))
+            self._recent_ids = set(mirror.recent_ids.values()) if mirror is not None else set()
             become_master(state, queue, mirror.contents() if mirror is not None else None)
-            self._removed_ids = set()
+            self._removed_ids = self._recent_ids = set()
         elif not queue.remote:
             become_remote(state, queue)
         else:
@@ -334,8 +335,7 @@ class Mirroring:
         """A promoted mirror's messages: the publish ids of the newest, and of those it saw
         removed lately, which a publisher's node may send again (it never saw them confirmed),
         are remembered for a while."""
-        ids = {message.publish_id for _key, message, *_rest in contents[-RESENT_WINDOW:] if message.publish_id}
-        ids |= self._removed_ids      # consumed already: sent again, they must not come back
+        ids = self._recent_ids | self._removed_ids   # consumed already: sent again, they must not come back
         key = (queue.vhost, queue.name)
         if ids:
             self._adopted[key] = (ids, time.monotonic() + RESENT_FOR)

@@ -8,7 +8,9 @@ one batch, so a busy queue sends many changes per message.
 
 A stream starts with a reset: the queue's contents as of the current sequence
 (all of it with automatic sync or `ctl sync-queue`, nothing with manual sync),
-sent in batches while the queue keeps serving, then the live log.
+read from the queue (paged-out messages from the store) a batch at a time while
+the queue keeps serving, then the live log. Mirroring wraps the queue: the
+master's queue pages to its store exactly as an unmirrored one does.
 
 Synchronisation, one link at a time:
   syncing  -> the mirror has not yet applied the snapshot;
@@ -32,6 +34,8 @@ from collections import deque
 
 import grpc
 
+from node.broker.queue import ContentsReader
+
 from .remote_queue import message_to_pb
 from .rpc import cluster_pb2 as pb
 
@@ -42,11 +46,11 @@ MAX_BATCH_OPS = 4000
 IN_CONFIRM_SET = ("catching", "proposing", "synced")
 
 
-def enqueue_op(entry, redelivered: bool):
-    """ENQUEUE, with what is left of the entry's TTL: a promoted mirror expires it on time."""
-    left = max(1, int((entry.expires - time.monotonic()) * 1000)) if entry.expires else 0
-    return pb.MirrorOp(kind=ENQUEUE, key=entry.seq, message=message_to_pb(entry.message),
-                       redelivered=redelivered, ttl_left_ms=left)
+def enqueue_op(seq: int, message, redelivered: bool, expires: float):
+    """ENQUEUE, with what is left of the message's TTL: a promoted mirror expires it on time."""
+    left = max(1, int((expires - time.monotonic()) * 1000)) if expires else 0
+    return pb.MirrorOp(kind=ENQUEUE, key=seq, message=message_to_pb(message), redelivered=redelivered,
+                       ttl_left_ms=left)
 
 
 class MirrorRefused(Exception):
@@ -61,7 +65,6 @@ class Replicator:
         self.seq = 0
         self.log: list = []               # ops not yet sent on every open stream
         self.log_start = 1                # sequence of log[0]
-        self.live: dict[int, object] = {}  # key (entry.seq) -> Entry, in enqueue order
         self.links: dict[str, MirrorLink] = {}
         self.waiting: deque = deque()     # (seq, fn, args, since): confirms waiting for mirrors
         self.closed = False
@@ -72,9 +75,8 @@ class Replicator:
         stream whatever the sync mode: like RabbitMQ's, they are created in sync. Mirrors added
         to a queue that already holds messages follow ha-sync-mode."""
         self.queue = queue
-        for entry in sorted((*queue.ready, *queue.outstanding.values()), key=lambda e: e.seq):
-            self.live[entry.seq] = entry
-        self.set_mirrors(self.state.mirrors, initial=promoted or not self.live)
+        empty = not queue.message_count and not queue.unacked
+        self.set_mirrors(self.state.mirrors, initial=promoted or empty)
 
     def set_mirrors(self, nodes: list[str], initial: bool = False) -> None:
         for node in list(self.links):
@@ -113,29 +115,26 @@ class Replicator:
             return
         self._push(pb.MirrorOp(kind=kind, keys=keys))
 
-    def enqueue(self, entry) -> None:
-        self.live[entry.seq] = entry
-        self._push(enqueue_op(entry, entry.redelivered))
+    def enqueue(self, seq: int, message, redelivered: bool, expires: float) -> None:
+        self._push(enqueue_op(seq, message, redelivered, expires))
 
     def deliver(self, entry) -> None:
         self._push_keys(DELIVER, [entry.seq])
 
     def remove(self, entries) -> None:
-        live = self.live
-        keys = [entry.seq for entry in entries if live.pop(entry.seq, None) is not None]
+        keys = [entry.seq for entry in entries]
+        if keys:
+            self._push_keys(REMOVE, keys)
+
+    def remove_keys(self, keys: list[int]) -> None:
+        """Paged-out messages left the queue (a purge): they are known by position only."""
         if keys:
             self._push_keys(REMOVE, keys)
 
     def requeue(self, entries) -> None:
-        keys = [e.seq for e in entries if e.seq in self.live]
+        keys = [e.seq for e in entries]
         if keys:
             self._push_keys(REQUEUE, keys)
-
-    def snapshot(self) -> list:
-        """The queue's contents now, oldest first, each flagged if it was ever delivered (a
-        promoted mirror redelivers those): requeued ones say so, unacked ones are outstanding."""
-        outstanding = self.queue.outstanding
-        return [(e, e.redelivered or e.seq in outstanding) for e in self.live.values()]
 
     def _too_few_copies(self) -> bool:
         return len(self.state.synced) < self.state.min_in_sync
@@ -197,7 +196,7 @@ class Replicator:
         state = self.state
         oldest = self.waiting[0] if self.waiting else None
         for node, link in self.links.items():
-            if link.phase == "manual" and (not self.live or next(iter(self.live)) > link.cut_key):
+            if link.phase == "manual" and self.queue.oldest_seq > link.cut_key:
                 link.caught_up_from(self.seq)
             if link.phase == "catching" and link.acked >= link.join_seq:
                 link.propose_synced()
@@ -328,18 +327,18 @@ class MirrorLink:
         state = rep.state
         full = self.force_sync or state.sync_mode == "automatic"
         base = rep.seq
-        snapshot = rep.snapshot() if full else []
-        self.cut_key = max(rep.live) if rep.live else 0
+        reader = ContentsReader(rep.queue) if full else None
+        self.cut_key = rep.queue.next_seq - 1
         self.sent_upto = base
         self.acked = 0
-        self.sync_total, self.sync_sent = len(snapshot), 0
+        self.sync_total, self.sync_sent = (reader.total if reader else 0), 0
         self.phase = "syncing"
         self.streaming = True
-        if full and snapshot:
-            rep.log_.info("syncing mirror", mirror=self.node, messages=len(snapshot))
+        if self.sync_total:
+            rep.log_.info("syncing mirror", mirror=self.node, messages=self.sync_total)
         self._event = asyncio.Event()       # a generator of an earlier stream may linger: not woken
         self._stream_id += 1
-        self._call = peer.stub.Mirror(self._batches(snapshot, base, self._stream_id, self._event),
+        self._call = peer.stub.Mirror(self._batches(reader, base, self._stream_id, self._event),
                                       metadata=rep.mirroring.call_metadata())
         async for ack in self._call:
             if ack.error:
@@ -349,8 +348,8 @@ class MirrorLink:
             if self.phase == "syncing" and ack.seq >= base:
                 self.sync_total = self.sync_sent = 0
                 if full:
-                    if snapshot:
-                        rep.log_.info("mirror holds the snapshot", mirror=self.node)
+                    if reader.sent:
+                        rep.log_.info("mirror holds the snapshot", mirror=self.node, messages=reader.sent)
                     self.caught_up_from(rep.seq)
                     self.force_sync = False
                 else:
@@ -359,20 +358,39 @@ class MirrorLink:
                 self.propose_synced()
             rep.release()
 
-    async def _batches(self, snapshot: list, base: int, stream_id: int, event: asyncio.Event):
+    async def _snapshot_chunks(self, reader):
+        """The reset's contents, a chunk at a time; a paged-out message not yet in the file
+        waits for the store's next write."""
+        if reader is None:
+            return
+        while True:
+            chunk = reader.read(SNAPSHOT_BATCH)
+            if chunk is None:
+                written = asyncio.get_running_loop().create_future()
+                self.rep.queue.store.when_durable(lambda _ok: written.done() or written.set_result(None))
+                await written
+                continue
+            if not chunk:
+                return
+            yield chunk
+
+    async def _batches(self, reader, base: int, stream_id: int, event: asyncio.Event):
         rep = self.rep
         state = rep.state
         head = dict(vhost=state.vhost, queue=state.name, epoch=state.epoch, master=rep.mirroring.node)
-        chunks = [snapshot[i:i + SNAPSHOT_BATCH] for i in range(0, len(snapshot), SNAPSHOT_BATCH)] or [[]]
-        for i, chunk in enumerate(chunks):
-            if stream_id != self._stream_id:
-                return
-            ops = [enqueue_op(e, flag) for e, flag in chunk]
-            yield pb.MirrorBatch(reset=(i == 0), base_seq=base, snapshot_done=(i == len(chunks) - 1), ops=ops,
-                                 **(head if i == 0 else {}))
-            self.sync_sent += len(chunk)
-            if i and i % 10 == 0:
-                rep.log_.info("sync progress", mirror=self.node, sent=self.sync_sent, total=self.sync_total)
+        yield pb.MirrorBatch(reset=True, base_seq=base, snapshot_done=reader is None, **head)
+        if reader is not None:
+            n = 0
+            async for chunk in self._snapshot_chunks(reader):
+                if stream_id != self._stream_id:
+                    return
+                yield pb.MirrorBatch(ops=[enqueue_op(seq, message, delivered, expires)
+                                          for seq, message, delivered, expires in chunk])
+                self.sync_sent += len(chunk)
+                n += 1
+                if n % 50 == 0:
+                    rep.log_.info("sync progress", mirror=self.node, sent=self.sync_sent, total=self.sync_total)
+            yield pb.MirrorBatch(snapshot_done=True)
         while stream_id == self._stream_id:
             if self.sent_upto >= rep.seq:
                 event.clear()

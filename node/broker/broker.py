@@ -398,6 +398,6 @@ class Broker(Persistence):
                     source.bind(destination, b["routing_key"], meta.decode_table(b["arguments"]))
         for queue_id, messages in recovered.queues.items():
             if queue_id not in known_ids:   # the queue was deleted: let its segments go
-                self.store.ack(queue_id, [msg_id for msg_id, _d in messages])
+                self.store.ack(queue_id, list(messages))
         self.log.info("restored", vhosts=len(self.vhosts),
                       queues=sum(len(v.queues) for v in self.vhosts.values()), messages=recovered.messages)

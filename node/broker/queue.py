@@ -8,8 +8,8 @@ or its connection's socket is not draining (TCP back pressure, QOS-5).
 """
 from __future__ import annotations
 
+import bisect
 import heapq
-import itertools
 import sys
 from collections import deque
 from typing import Callable
@@ -74,8 +74,10 @@ class Queue:
         self.arguments = dict(arguments or {})
         self.ready: deque[Entry] = deque()
         self.ready_bytes = 0
-        # Paged out: ids of logged messages, all newer than every entry in `ready`.
+        # Paged out: ids of logged messages, all newer than every entry in `ready`, and their
+        # positions (seqs, rising): a mirror knows a message by its position.
         self.tail: deque[int] = deque()
+        self.tail_keys: deque[int] = deque()
         self.tail_bytes = 0
         self.store = store if durable and exclusive_owner is None else None
         self.store_id = store_id
@@ -86,7 +88,7 @@ class Queue:
         self.outstanding: dict[int, Entry] = {}
         self.deleted = False
         self._had_consumers = False
-        self._seq = itertools.count(1)
+        self.next_seq = 1                         # the position the next message gets
         self._on_unused = on_unused
         self._dispatching = False
         self._head_limit = HEAD_LIMIT
@@ -182,10 +184,10 @@ class Queue:
         expires = 0.0
         if self.ttl is not None or message.expiration is not None:
             expires = self._deadline(message)
-        if self.replica is not None:
-            outcome = self._publish_mirrored(message, expires)
-        elif store is None:
-            self.ready.append(Entry(message, next(self._seq), False, 0, expires))
+        seq = self.next_seq
+        self.next_seq = seq + 1
+        if store is None:
+            self.ready.append(Entry(message, seq, False, 0, expires))
             self.ready_bytes += len(message.body)
         else:
             paging = bool(self.tail) or len(self.ready) >= self._head_limit
@@ -197,12 +199,17 @@ class Queue:
                 msg_id = 0
             if paging:
                 self.tail.append(msg_id)
+                self.tail_keys.append(seq)
                 self.tail_bytes += len(message.body)
                 if expires:
                     self._tail_expiry[msg_id] = expires
             else:
-                self.ready.append(Entry(message, next(self._seq), False, msg_id, expires))
+                self.ready.append(Entry(message, seq, False, msg_id, expires))
                 self.ready_bytes += len(message.body)
+        if self.replica is not None:
+            # safe only once every synchronised mirror has it too (see when_safe)
+            self.replica.enqueue(seq, message, False, expires)
+            outcome = LOGGED
         if self.max_length is not None or self.max_length_bytes is not None:
             self._drop_head_to_limits()
         if expires:
@@ -216,19 +223,6 @@ class Queue:
             self.dispatch()
         return outcome
 
-    def _publish_mirrored(self, message: Message, expires: float) -> int:
-        """Mirrored: kept in memory (never paged out), logged when persistent, and always
-        LOGGED: safe only once every synchronised mirror has it too (see when_safe)."""
-        msg_id = 0
-        if self.store is not None and message.persistent:
-            msg_id = self.store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
-                                        message.props_raw, message.body)
-        entry = Entry(message, next(self._seq), False, msg_id, expires)
-        self.ready.append(entry)
-        self.ready_bytes += len(message.body)
-        self.replica.enqueue(entry)
-        return LOGGED
-
     def when_safe(self, fn: Callable, *args) -> None:
         """After a LOGGED publish: fn(ok, *args) once that message is durable here and, for a
         mirrored queue, held (and durable) on every synchronised mirror (CONF-4, MIR-3)."""
@@ -241,36 +235,57 @@ class Queue:
             self.store.when_durable(replica.when_replicated_after, replica.seq, fn, args)
 
     def attach_replica(self, replica, promoted: bool = False) -> None:
-        """Become a mirrored queue's master: every later change goes to `replica` too.
-        Paged-out messages are read back first: a mirrored queue keeps its messages in memory."""
-        if self.tail and not all(self.store.is_durable(m) for m in self.tail):
-            self.store.when_durable(lambda _ok: self.attach_replica(replica, promoted) if not self.deleted else None)
-            return
-        self._head_limit = sys.maxsize
-        self._page_in()              # all of it: every id in the tail is durable by now
+        """Become a mirrored queue's master: every later change goes to `replica` too. The queue
+        pages as before: mirroring wraps it, it does not change how messages are kept."""
         self.replica = replica
         replica.start(self, promoted)
 
     def detach_replica(self):
         replica, self.replica = self.replica, None
-        if self.max_priority is None:
-            self._head_limit = HEAD_LIMIT
         return replica
 
+    # ---- what a mirror's sync reads ------------------------------------------------------------
+    @property
+    def oldest_seq(self) -> int:
+        """The position of the oldest message still in the queue (next_seq when empty)."""
+        oldest = self.next_seq
+        if self.outstanding:
+            oldest = min(oldest, min(self.outstanding))
+        if self.ready:
+            oldest = min(oldest, self.ready[0].seq if self.max_priority is None else min(e.seq for e in self.ready))
+        if self.tail:
+            oldest = min(oldest, self.tail_keys[0])
+        return oldest
+
     def adopt(self, contents) -> None:
-        """A promoted mirror's messages (MIR-4), oldest first: (key, message, delivered, msg_id,
-        expires). Those delivered on the old master come back redelivered; a TTL deadline the
-        old master had set holds (one unknown to it counts from now)."""
-        last = 0
+        """A promoted mirror's messages (MIR-4), oldest first: (key, message or None when it is
+        only in the store, delivered, msg_id, expires), keeping their keys (the positions the
+        old master gave them). Those delivered on the old master come back redelivered; a TTL
+        deadline the old master had set holds (one unknown to it counts from now). The head is
+        read into memory and the rest stays paged out, as on the mirror."""
+        store = self.store
+        ready = self.ready
         for key, message, delivered, msg_id, expires in contents:
+            self.next_seq = max(self.next_seq, key + 1)
+            if store is not None and (self.tail or len(ready) >= self._head_limit):
+                if not msg_id:       # held in memory on the mirror: paged out here
+                    msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
+                                           message.props_raw, message.body, delivered=delivered,
+                                           transient=True)
+                self.tail.append(msg_id)
+                self.tail_keys.append(key)
+                if expires:
+                    self._tail_expiry[msg_id] = expires
+                    self.expiring = True
+                continue
+            if message is None:
+                message, delivered = self._read(msg_id)
             if not expires and (self.ttl is not None or message.expiration is not None):
                 expires = self._deadline(message)
             if expires:
                 self.expiring = True
-            self.ready.append(Entry(message, key, delivered, msg_id, expires))
+            ready.append(Entry(message, key, delivered, msg_id, expires))
             self.ready_bytes += len(message.body)
-            last = max(last, key)
-        self._seq = itertools.count(last + 1)
         if self.expiring:
             self.drop_expired()
 
@@ -418,19 +433,28 @@ class Queue:
             if not store.is_durable(msg_id):
                 break
             tail.popleft()
-            entry = self._load(msg_id)
+            entry = self._load(msg_id, self.tail_keys.popleft())
             self.tail_bytes -= len(entry.message.body)
             self.ready.append(entry)
             self.ready_bytes += len(entry.message.body)
             moved += 1
         return moved > 0
 
-    def _load(self, msg_id: int) -> Entry:
-        """A logged message read back from the store."""
+    def _read(self, msg_id: int) -> tuple[Message, bool]:
+        """A logged message read back from the store, and whether it was delivered before."""
         exchange, routing_key, props_raw, body, delivered = self.store.read(msg_id)
         props = PropertyView(props_raw)
         message = Message(exchange, routing_key, props_raw, body, props.delivery_mode == 2,
                           props.priority, expiration_ms(props.expiration))
+        return message, delivered
+
+    def read_message(self, msg_id: int) -> Message:
+        """A paged-out message, read from the store."""
+        return self._read(msg_id)[0]
+
+    def _load(self, msg_id: int, seq: int) -> Entry:
+        """A logged message read back from the store, at position `seq`."""
+        message, delivered = self._read(msg_id)
         expires = 0.0
         if self._tail_expiry:
             expires = self._tail_expiry.pop(msg_id, 0.0)
@@ -442,19 +466,23 @@ class Queue:
                 ttl = message.expiration
             expires = self._restored_at + ttl / 1000.0
             self.expiring = True
-        return Entry(message, next(self._seq), delivered, msg_id, expires)
+        return Entry(message, seq, delivered, msg_id, expires)
 
-    def restore(self, messages: list[tuple[int, bool]]) -> None:
-        """Recovered messages (ids in order): they start paged out and are read on demand
+    def restore(self, messages) -> None:
+        """Recovered messages (a sequence of ids, in order): they start paged out and are read on demand
         (a priority queue reads them all now: it keeps everything in memory)."""
         if messages:
-            self._restored_upto = messages[-1][0]
+            self._restored_upto = messages[-1]
             self._restored_at = monotonic()
         if self.max_priority is None:
-            self.tail.extend(msg_id for msg_id, _delivered in messages)
+            if messages:
+                self.tail_keys.extend(range(self.next_seq, self.next_seq + len(messages)))
+                self.next_seq += len(messages)
+                self.tail.extend(messages)
         else:
-            for msg_id, _delivered in messages:
-                entry = self._load(msg_id)
+            for msg_id in messages:
+                entry = self._load(msg_id, self.next_seq)
+                self.next_seq += 1
                 self.ready.append(entry)
                 self.ready_bytes += len(entry.message.body)
         if self.expiring:
@@ -664,10 +692,13 @@ class Queue:
     def purge(self) -> int:
         count = self.message_count
         self._forget(self.ready)
+        if self.tail and self.replica is not None:
+            self.replica.remove_keys(list(self.tail_keys))
         if self.tail and self.store is not None:
             self.store.ack(self.store_id, list(self.tail))
         self.ready.clear()
         self.tail.clear()
+        self.tail_keys.clear()
         self._tail_expiry.clear()
         self.ready_bytes = self.tail_bytes = 0
         return count
@@ -685,6 +716,85 @@ class Queue:
         self.purge()
         self._returns.clear()
         return consumers
+
+
+def _entry_seq(entry: Entry) -> int:
+    return entry.seq
+
+
+class ContentsReader:
+    """A queue's messages as of when the reader was made, read in chunks while the queue keeps
+    serving: what a new mirror's sync sends. Paged-out messages are read from the store a chunk
+    at a time, so neither side ever holds the whole queue in memory. A message that has left the
+    queue since is skipped: its removal follows in the replication log anyway."""
+
+    def __init__(self, queue: "Queue"):
+        self.queue = queue
+        self.cut = queue.next_seq               # positions from here on come with the live log
+        self.cursor = 0
+        self.tail_ids = list(queue.tail)        # ids and positions only, not the messages
+        self.tail_keys = list(queue.tail_keys)
+        self.tail_at = 0                        # how far into them the reading is
+        self.total = queue.message_count + queue.unacked
+        self.sent = 0
+
+    def read(self, limit: int) -> list | None:
+        """The next chunk, oldest first, as (seq, message, delivered, expires); [] once done;
+        None if a paged-out message has not reached the file yet (try again after a write)."""
+        while True:
+            out = self._in_memory(limit)
+            if len(out) < limit and self.queue.tail:
+                more = self._paged_out(limit - len(out), bool(out))
+                if more is None:
+                    return None
+                out += more
+            if out:
+                self.cursor = out[-1][0] + 1
+                self.sent += len(out)
+                return out
+            if self.queue.tail and self.tail_at < len(self.tail_keys):
+                continue        # a whole chunk of them had left the queue: the reading moved on
+            return out
+
+    def _in_memory(self, limit: int) -> list:
+        queue, cursor, cut = self.queue, self.cursor, self.cut
+        outstanding = queue.outstanding
+        found = [e for e in outstanding.values() if cursor <= e.seq < cut]
+        ready = queue.ready
+        if queue.max_priority is not None:
+            found += [e for e in ready if cursor <= e.seq < cut]
+        elif ready and ready[-1].seq >= cursor:
+            i = bisect.bisect_left(ready, cursor, key=_entry_seq)
+            while i < len(ready) and len(found) < 2 * limit and ready[i].seq < cut:
+                found.append(ready[i])
+                i += 1
+        found.sort()
+        del found[limit:]
+        return [(e.seq, e.message, e.redelivered or e.seq in outstanding, e.expires) for e in found]
+
+    def _paged_out(self, limit: int, partial: bool) -> list | None:
+        """Still paged out: from the queue's oldest paged-out position now (older ones were read
+        in since, and come from memory)."""
+        queue = self.queue
+        store = queue.store
+        keys, ids = self.tail_keys, self.tail_ids
+        i = bisect.bisect_left(keys, max(self.cursor, queue.tail_keys[0]), lo=self.tail_at)
+        out = []
+        while i < len(keys) and len(out) < limit and keys[i] < self.cut:
+            msg_id = ids[i]
+            if msg_id in store.index:           # else it has left the queue since
+                if not store.is_written(msg_id):
+                    if not out and not partial:
+                        self.tail_at = i
+                        return None
+                    break
+                message, delivered = queue._read(msg_id)
+                out.append((keys[i], message, delivered, queue._tail_expiry.get(msg_id, 0.0)))
+            i += 1
+        self.tail_at = i if i < len(keys) and keys[i] < self.cut else len(keys)
+        if not out and not partial and self.tail_at < len(keys):
+            self.cursor = max(self.cursor, keys[self.tail_at])
+        return out
 
 
 def consumer_priority(arguments: dict | None, queue: "Queue") -> int:

@@ -46,6 +46,14 @@ def _pack(segment: int, offset: int, length: int, delivered: bool) -> int:
     return (((segment << 40 | offset) << 32 | length) << 1) | (1 if delivered else 0)
 
 
+QUEUE_SHIFT = 1 + 32 + 40 + 40      # above a packed location: the queue id, while recovering
+LOC_MASK = (1 << QUEUE_SHIFT) - 1
+
+
+def _segment_of(loc: int) -> int:
+    return (loc & LOC_MASK) >> 73
+
+
 def _unpack(loc: int) -> tuple[int, int, int, bool]:
     delivered = bool(loc & 1)
     loc >>= 1
@@ -59,7 +67,7 @@ class Recovered:
 
     def __init__(self):
         self.meta: bytes | None = None
-        self.queues: dict[int, list[tuple[int, bool]]] = defaultdict(list)   # id -> [(msg id, delivered)]
+        self.queues: dict[int, list[int]] = defaultdict(list)   # queue id -> live msg ids, in order
         self.messages = 0
         self.torn_tail: tuple[int, int] | None = None
         self.skipped: list[tuple[int, int]] = []
@@ -401,7 +409,9 @@ class MessageStore:
         started = time.monotonic()
         total = sum(segment_path(self.directory, s).stat().st_size for s in segments)
         self.log.info("recovering store", segments=len(segments), bytes=total)
-        where: dict[int, tuple[int, int, int, int, bool]] = {}   # msg id -> (queue, seg, off, len, delivered)
+        # The index itself, with each message's queue id above its packed location while the log
+        # is read (one int a message: recovering a long queue takes about what holding it does).
+        where = self.index
         done_bytes = 0
         next_report = PROGRESS_EVERY
         max_id = 0
@@ -435,22 +445,23 @@ class MessageStore:
                     max_id = max(max_id, msg_id)
                     if not flags & rec.FLAG_TRANSIENT:
                         earlier = where.get(msg_id)
-                        if earlier is not None and earlier[1] != segment:   # a copy made by compaction
-                            self.refs[segment].add(earlier[1])
-                        where[msg_id] = (queue_id, segment, pos, end - pos, bool(flags & rec.FLAG_DELIVERED))
+                        if earlier is not None and _segment_of(earlier) != segment:   # a copy made by compaction
+                            self.refs[segment].add(_segment_of(earlier))
+                        where[msg_id] = queue_id << QUEUE_SHIFT | _pack(segment, pos, end - pos,
+                                                                        bool(flags & rec.FLAG_DELIVERED))
                 elif rtype == rec.DELIVER:
                     _queue_id, msg_id = rec.parse_ids(payload)
                     hit = where.get(msg_id)
                     if hit is not None:
-                        where[msg_id] = hit[:4] + (True,)
-                        if hit[1] != segment:
-                            self.refs[segment].add(hit[1])
+                        where[msg_id] = hit | 1
+                        if _segment_of(hit) != segment:
+                            self.refs[segment].add(_segment_of(hit))
                 else:
                     _queue_id, msg_ids = rec.parse_acks(payload)
                     for msg_id in msg_ids:
                         hit = where.pop(msg_id, None)
-                        if hit is not None and hit[1] != segment:
-                            self.refs[segment].add(hit[1])
+                        if hit is not None and _segment_of(hit) != segment:
+                            self.refs[segment].add(_segment_of(hit))
                 pos = end
                 if is_last:
                     last_end = (segment, pos)
@@ -460,20 +471,23 @@ class MessageStore:
                 next_report += PROGRESS_EVERY
                 self.log.info("recovery progress", done=f"{100 * done_bytes // max(total, 1)}%",
                               messages=len(where))
-        for msg_id, (queue_id, segment, offset, length, delivered) in where.items():
-            self.index[msg_id] = _pack(segment, offset, length, delivered)
-            self.live[segment] += 1
-            self.live_bytes[segment] += length
-            recovered.queues[queue_id].append((msg_id, delivered))
-        for items in recovered.queues.values():
-            items.sort()
         recovered.messages = len(where)
+        live, live_bytes, queues = self.live, self.live_bytes, recovered.queues
+        for msg_id in sorted(where):
+            loc = where[msg_id]
+            queue_id = loc >> QUEUE_SHIFT
+            loc &= LOC_MASK
+            where[msg_id] = loc
+            segment, _offset, length, _delivered = _unpack(loc)
+            live[segment] += 1
+            live_bytes[segment] += length
+            queues[queue_id].append(msg_id)
         self.next_msg_id = max_id + 1
         self.segment, self.position = last_end
         self.durable_upto = last_end
         self.written_upto = last_end
         self._inflight_end = last_end
-        self.log.info("store recovered", messages=len(where), queues=len(recovered.queues),
+        self.log.info("store recovered", messages=recovered.messages, queues=len(recovered.queues),
                       seconds=round(time.monotonic() - started, 2))
         return recovered
 
