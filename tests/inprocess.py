@@ -18,6 +18,8 @@ from node.app import Node, NodeConfig
 
 
 class InProcessNode:
+    host = "127.0.0.1"
+
     def __init__(self, workdir: Path, **config):
         config.setdefault("name", "inproc")
         config.setdefault("amqp_port", 0)
