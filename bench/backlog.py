@@ -5,7 +5,7 @@
 
 Mirrored: three local nodes, a durable queue with `ha-mode: all` homed on hare1, N persistent
 messages published with confirms (window 1000) through hare1; then hare1 is SIGKILLed, a consumer
-on hare2 waits for the first delivery from the promoted mirror and drains the queue; hare1 is
+on the node of the promoted mirror waits for the first delivery and drains the queue; hare1 is
 restarted meanwhile and syncs again. Plain: one node, the same publish, SIGKILL, restart, drain.
 
 Every message carries its publish number, so the drain checks that all N come back once and in
@@ -71,7 +71,7 @@ class BenchNode:
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "node.cli", "node", "--name", self.name, "--data-dir", str(self.data_dir),
-                "--amqp-port", str(self.port), "--log-level", "warning"]
+                "--amqp-port", str(self.port), "--log-level", os.environ.get("HAREMQ_BENCH_LOG", "warning")]
         if self.cluster:
             argv += ["--cluster-port", str(self.cluster[self.name]), "--cluster-secret-file",
                      str(self.data_dir.parent / "secret"), "--failure-timeout", "1.5"]
@@ -125,10 +125,25 @@ class Memory:
         self._stop.set()
 
 
-def ctl(node: BenchNode, *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{node.cluster[node.name]}",
-                    "--cluster-secret-file", str(node.data_dir.parent / "secret"), *args],
-                   check=True, capture_output=True, cwd=ROOT, timeout=30)
+def ctl(node: BenchNode, *args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{node.cluster[node.name]}",
+                           "--cluster-secret-file", str(node.data_dir.parent / "secret"), *args],
+                          check=True, capture_output=True, cwd=ROOT, timeout=30, text=True).stdout
+
+
+def new_master(survivor: BenchNode, nodes: list[BenchNode], old: str, timeout: float = 30) -> BenchNode:
+    """The node the queue's master moved to, as `survivor` sees it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            rows = json.loads(ctl(survivor, "list-queues", "--json"))
+            master = next((r.get("master") for r in rows if r["name"] == QUEUE), None)
+            if master and master != old:
+                return next(n for n in nodes if n.name == master)
+        except (subprocess.SubprocessError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("the queue's master did not move")
 
 
 async def publish(url: amqp.BrokerURL, queue: str, count: int, size: int, window: int = 1000) -> float:
@@ -249,7 +264,7 @@ def run(args) -> dict:
             consumer_node = master
         else:
             memory.phase = "failover+drain"
-            consumer_node = nodes[1]
+            consumer_node = new_master(nodes[1], nodes, master.name)   # drained where it is now
 
             def restart_later():
                 time.sleep(3)

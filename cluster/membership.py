@@ -33,6 +33,7 @@ from .rpc import cluster_pb2_grpc as pbg
 from .secret import call_metadata
 
 PING_INTERVAL = 0.25
+STALL = 0.5               # a gap this long between two checks: this process was not running
 RESOLVE_TIMEOUT = 2.0     # a name that does not resolve in this long keeps the channel it has
 REDIAL_MIN_INTERVAL = 1.0  # a stale channel is replaced at most this often
 CHANNEL_OPTIONS = [
@@ -107,6 +108,8 @@ class Membership:
         self.on_removed: Callable[[str], None] | None = None   # a member says we were forgotten
         self._tasks: list[asyncio.Task] = []
         self._closing: set[asyncio.Future] = set()
+        self._last_check = time.monotonic()
+        self._stalled_at = 0.0
         # getaddrinfo blocks: its own threads, so a slow DNS never holds up the store's or Raft's
         self._resolver = ThreadPoolExecutor(max_workers=2, thread_name_prefix="haremq-resolve")
 
@@ -253,7 +256,11 @@ class Membership:
                     self.log.error("member refuses our cluster secret", member=peer.name)
                     was_up = None
                 elif exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    self._refused(peer)
+                    self._after_stall()
+                    # a connection that broke while this process was not running (keepalive) is
+                    # no proof the member is gone: the next pings tell
+                    if time.monotonic() - self._stalled_at >= self.failure_timeout:
+                        self._refused(peer)
                 if not peer.is_up(time.monotonic(), self.failure_timeout):
                     was_up = False
                     self._peer_alarms(peer, frozenset())     # a member that is down blocks nobody
@@ -311,6 +318,7 @@ class Membership:
             self._evaluate()
 
     def is_up(self, name: str) -> bool:
+        self._after_stall()
         peer = self.peers.get(name)
         return name == self.name or (peer is not None and peer.is_up(time.monotonic(), self.failure_timeout))
 
@@ -334,7 +342,21 @@ class Membership:
         now = time.monotonic()
         return [self.name] + [p.name for p in self.peers.values() if p.is_up(now, self.failure_timeout)]
 
+    def _after_stall(self) -> None:
+        """This process did not run for a while (a long promotion, a swap, SIGSTOP): nothing
+        could be heard from the others meanwhile, which says nothing about them. The time it
+        lost is not counted against them; a member that is really gone shows at its next ping."""
+        now = time.monotonic()
+        lost = now - self._last_check - STALL
+        self._last_check = now
+        if lost > 0:
+            self._stalled_at = now
+            for peer in self.peers.values():
+                if peer.last_seen:
+                    peer.last_seen += lost
+
     def _evaluate(self) -> None:
+        self._after_stall()
         up = self.up_members()
         majority = len(up) * 2 > self.size
         if majority != self.has_majority:

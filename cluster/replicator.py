@@ -381,11 +381,16 @@ class MirrorLink:
         yield pb.MirrorBatch(reset=True, base_seq=base, snapshot_done=reader is None, **head)
         if reader is not None:
             n = 0
+            started = time.monotonic()
             async for chunk in self._snapshot_chunks(reader):
                 if stream_id != self._stream_id:
                     return
-                yield pb.MirrorBatch(ops=[enqueue_op(seq, message, delivered, expires)
-                                          for seq, message, delivered, expires in chunk])
+                batch = pb.MirrorBatch(ops=[enqueue_op(seq, message, delivered, expires)
+                                            for seq, message, delivered, expires in chunk])
+                # a sync takes at most about half of the loop: the queue keeps serving at speed
+                await asyncio.sleep(time.monotonic() - started)
+                yield batch
+                started = time.monotonic()
                 self.sync_sent += len(chunk)
                 n += 1
                 if n % 50 == 0:

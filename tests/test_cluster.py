@@ -138,6 +138,7 @@ def test_a_returning_member_does_not_raise_the_term_while_the_leader_is_healthy(
             returning.start(timeout=60)
             wait_until(lambda: leader_and_term(members) == (leader, term), timeout=15)
     others = [m for m in members if m is not returning]
+    pauses = returning.log_path.read_text().count("pausing:")
     if away == "stopped":
         os.killpg(returning.proc.pid, signal.SIGSTOP)
     else:
@@ -165,6 +166,10 @@ def test_a_returning_member_does_not_raise_the_term_while_the_leader_is_healthy(
                 for n in (m.name for m in others)):
             rejoined = time.monotonic() - back
         time.sleep(0.05)
+    if away == "stopped":
+        # the stopped process heard nobody while it did not run, which says nothing about the
+        # others: it must not pause (and close its clients) as if it had lost the majority
+        assert returning.log_path.read_text().count("pausing:") == pauses, returning.log_tail()
     print(f"\n{returning.name} {away} for 4 s: up again for the others, following {leader}, after "
           f"{rejoined if rejoined is None else round(rejoined, 2)} s; the others saw (leader, term) "
           f"{sorted(views, key=str)}, term {term} before")
