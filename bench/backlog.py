@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,23 +30,10 @@ from pathlib import Path
 from pamqp import commands as pc
 
 from . import amqp
+from .failover import free_port, port_open
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "backlog-bench-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 def rss_mb(pid: int) -> float:
