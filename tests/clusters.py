@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -247,3 +248,15 @@ def leader_and_term(members) -> tuple[str, int] | None:
         return None
     leader, term = seen.pop()
     return (leader, term) if leader else None
+
+
+def stop_cluster(members, partition) -> None:
+    """Kill every member (a SIGSTOPped one is woken first, so it dies) and close the proxies."""
+    for m in members:
+        if m.proc is not None and m.proc.poll() is None:
+            try:
+                os.killpg(m.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        m.kill9()
+    partition["close"]()

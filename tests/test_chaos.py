@@ -19,7 +19,7 @@ from collections import Counter
 import pika
 import pytest
 
-from tests.clusters import ctl, proxied_cluster, queue_row
+from tests.clusters import ctl, proxied_cluster, queue_row, stop_cluster
 from tests.conftest import IS_REF, wait_until
 
 pytestmark = [pytest.mark.skipif(IS_REF, reason="kills cluster node processes"), pytest.mark.chaos]
@@ -139,6 +139,24 @@ def _healthy(members, alive):
 
 
 @pytest.mark.timeout(120 + 30 * (KILL_ROUNDS + PARTITION_ROUNDS))
+def _finish(load, members, by_name, partition) -> None:
+    """Stop the load, read what is left in the queue from its master, and stop the cluster."""
+    load.finish()
+    row = _healthy(members, members) or {}
+    drain_from = by_name.get(row.get("master"), members[1])
+    try:
+        c = pika.BlockingConnection(pika.URLParameters(drain_from.url))
+        ch = c.channel()
+        while True:
+            method, _props, body = ch.basic_get(QUEUE, auto_ack=True)
+            if method is None:
+                break
+            load.consumed[body.decode()] += 1
+        c.close()
+    finally:
+        stop_cluster(members, partition)
+
+
 def test_chaos_total_queue(tmp_path):
     members, partition = proxied_cluster(tmp_path, failure_timeout=3.0)
     by_name = {m.name: m for m in members}
@@ -177,22 +195,7 @@ def test_chaos_total_queue(tmp_path):
         wait_until(lambda: _healthy(members, members), timeout=60, message="the cluster never settled")
         time.sleep(2)
     finally:
-        load.finish()
-        row = _healthy(members, members) or {}
-        drain_from = by_name.get(row.get("master"), members[1])
-        try:
-            c = pika.BlockingConnection(pika.URLParameters(drain_from.url))
-            ch = c.channel()
-            while True:
-                method, _props, body = ch.basic_get(QUEUE, auto_ack=True)
-                if method is None:
-                    break
-                load.consumed[body.decode()] += 1
-            c.close()
-        finally:
-            for m in members:
-                m.kill9()
-            partition["close"]()
+        _finish(load, members, by_name, partition)
     consumed = set(load.consumed)
     lost = load.confirmed - consumed
     report.update(published=len(load.published), confirmed=len(load.confirmed), consumed=len(consumed),
@@ -270,22 +273,7 @@ def test_chaos_clients_on_survivors_never_see_404_during_a_failover(tmp_path):
         wait_until(lambda: _healthy(members, members), timeout=60, message="the cluster never settled")
         time.sleep(2)
     finally:
-        load.finish()
-        row = _healthy(members, members) or {}
-        drain_from = by_name.get(row.get("master"), members[1])
-        try:
-            c = pika.BlockingConnection(pika.URLParameters(drain_from.url))
-            ch = c.channel()
-            while True:
-                method, _props, body = ch.basic_get(QUEUE, auto_ack=True)
-                if method is None:
-                    break
-                load.consumed[body.decode()] += 1
-            c.close()
-        finally:
-            for m in members:
-                m.kill9()
-            partition["close"]()
+        _finish(load, members, by_name, partition)
     lost = load.confirmed - set(load.consumed)
     waits = sorted(w for _n, _op, err, w in results if err is None)
     refused = [(n, op, str(err)) for n, op, err, _w in results if err is not None]

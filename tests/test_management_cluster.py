@@ -3,13 +3,11 @@ queue's master, mirrors and counts from its home node, actions on queues homed e
 a failover as the API and the timeline show it, definitions imported through the metadata log."""
 from __future__ import annotations
 
-import os
-import signal
 
 import pika
 import pytest
 
-from tests.clusters import proxied_cluster
+from tests.clusters import proxied_cluster, stop_cluster
 from tests.conftest import IS_REF, free_port, unique_name, wait_until
 from tests.management import http, q
 
@@ -31,14 +29,7 @@ def managed_cluster(tmp_path, failure_timeout: float = 3.0):
 def cluster(tmp_path):
     members, partition = managed_cluster(tmp_path)
     yield members
-    for m in members.values():
-        if m.proc is not None and m.proc.poll() is None:
-            try:
-                os.killpg(m.proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        m.kill9()
-    partition["close"]()
+    stop_cluster(list(members.values()), partition)
 
 
 def api(member, method, path, body=None, **kw):

@@ -13,7 +13,7 @@ import pika
 import pytest
 
 from tests.clusters import (SECRET, HostNames, control, ctl, ctl_json, leader_and_term, named_cluster,
-                            proxied_cluster, queue_row)
+                            proxied_cluster, queue_row, stop_cluster)
 from tests.conftest import IS_REF, wait_until
 
 pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
@@ -27,14 +27,7 @@ def cluster(tmp_path):
     # (a killed one, whose port refuses connections, is down at once)
     members, partition = proxied_cluster(tmp_path, failure_timeout=3.0)
     yield members, partition
-    for m in members:
-        if m.proc is not None and m.proc.poll() is None:
-            try:
-                os.killpg(m.proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        m.kill9()
-    partition["close"]()
+    stop_cluster(list(members), partition)
 
 
 def _chan(member, confirm=False):
