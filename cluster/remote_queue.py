@@ -48,12 +48,11 @@ def message_from_pb(m) -> Message:
 
 
 def fingerprint(message) -> int:
-    """Tells two messages apart (a Message or a pb.Message): its publish id when it has one."""
-    publish_id = message.publish_id
-    if publish_id:
-        return publish_id
-    body = message.body
-    return hash((bytes(body), len(body)))
+    """Tells two messages under one key apart (a Message or a pb.Message) by their properties
+    and body: what every copy of a message has alike, whether held in memory or read back
+    from a store (a publish id is not kept in the store)."""
+    props = message.props_raw if isinstance(message, Message) else message.properties
+    return hash((bytes(props), bytes(message.body)))
 
 
 def message_to_pb(message: Message) -> pb.Message:

@@ -173,6 +173,40 @@ def test_failover_keeps_every_confirmed_message_and_redelivers_unacked(cluster):
     pc.close()
 
 
+def test_acks_that_never_reached_the_mirrors_do_not_deliver_twice(cluster):
+    """A client acks persistent messages while the master is frozen (the acks reach the client's
+    node, never the mirrors), then the master dies: what it acked is not delivered again, what it
+    still held comes back to nobody else and is settled by its answer to the old delivery."""
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _mirrored_on_all(hare1, "ha.acked", via=hare2)
+    pc, pub = _chan(hare2, confirm=True)     # through another node: the messages carry a publish id
+    for i in range(60):
+        pub.basic_publish("", "ha.acked", str(i).encode(), PERSISTENT)
+    cc, cons = _chan(hare3)
+    cons.basic_qos(prefetch_count=60)
+    got = []
+    cons.basic_consume("ha.acked", lambda _ch, m, _p, body: got.append((m, body)))
+    wait_until(lambda: cc.process_data_events(0.05) or len(got) == 60, timeout=10)
+    os.killpg(hare1.proc.pid, signal.SIGSTOP)
+    for method, _body in got[:30]:
+        cons.basic_ack(method.delivery_tag)
+    cc.process_data_events(0.3)
+    hare1.kill9()
+    wait_until(lambda: (lambda r: r if r and r["master"] != "hare1" else None)(queue_row(hare2, "ha.acked")),
+               timeout=15)
+    for method, _body in got[30:]:
+        cons.basic_ack(method.delivery_tag)
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        cc.process_data_events(0.1)
+    again = [body for _m, body in got[60:]]
+    assert again == [], f"delivered twice after the failover: {again}"
+    cc.close()
+    assert _drain(hare2, "ha.acked") == []
+    pc.close()
+
+
 def test_messages_unacked_when_mirroring_starts_survive_a_failover(cluster):
     # a policy makes a queue mirrored while a consumer holds deliveries: the mirrors get those
     # too, so a failover after the consumer's node dies loses none of them
