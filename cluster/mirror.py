@@ -28,6 +28,8 @@ ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, p
 
 REMOVED_IDS = 10_000   # publish ids of messages removed lately, and of the newest ones, kept
 HELD_LIMIT = 8192     # messages a mirror of a durable queue keeps in memory; the rest only in its store
+FILL_LIMIT = 100_000  # a reconcile lacking more than this asks for the whole queue instead
+RESYNC = object()     # ack queue item: reconcile refused, the master sends a full snapshot
 
 
 class MirrorQueue:
@@ -46,6 +48,7 @@ class MirrorQueue:
         self.delivered: set[int] = set()        # keys delivered (or requeued) on the master
         self.expires: dict[int, float] = {}     # key -> TTL deadline
         self.stream = None                      # the stream now feeding it; an older one stops
+        self.whole = False                      # holds a full snapshot and every op after it
         # publish ids of the newest messages, and of those removed lately (consumed, maybe before
         # their publisher saw the confirm): a publisher's node sends those again to a promoted
         # mirror, which must not enqueue them twice
@@ -61,6 +64,29 @@ class MirrorQueue:
         self.recent_ids.clear()
         self.delivered.clear()
         self.expires.clear()
+        self.whole = False
+
+    def reconcile(self, keep: set, delivered) -> list[int]:
+        """A promoted master's keys against this copy, both of the same old master: what it does
+        not hold is dropped (ops this mirror applied and the new master never saw), what it holds
+        and this copy lacks is returned, to be filled in; delivered flags are added."""
+        drop = [key for key in (*self.ids, *self.held) if key not in keep]
+        if drop:
+            ids, held = self.ids, self.held
+            acked = []
+            for key in drop:
+                self.recent_ids.pop(key, None)
+                msg_id = ids.pop(key, None)
+                if msg_id is not None:
+                    acked.append(msg_id)
+                else:
+                    held.pop(key, None)
+                self.delivered.discard(key)
+                self.expires.pop(key, None)
+            if acked:
+                self.store.ack(self.store_id, acked)
+        self.apply(pb.MirrorOp(kind=DELIVER, keys=delivered))
+        return sorted(key for key in keep if key not in self.ids and key not in self.held)
 
     def apply(self, op) -> None:
         kind = op.kind
@@ -162,24 +188,55 @@ async def serve_mirror(mirroring, request_iterator, context):
     async def apply_batches():
         batch = first
         in_snapshot, next_seq = True, 0
+        keep = None              # reconcile: the master's keys as they come
+        awaiting_fill = False    # reconciled, lacking messages: nothing is acked until they come
         try:
             while True:
                 if fenced():
                     acks.put_nowait("fenced: the metadata log has moved on")
                     return
                 if batch.reset:
-                    mirror.discard()
-                    in_snapshot, next_seq = True, batch.base_seq + 1
+                    in_snapshot, next_seq, keep, awaiting_fill = True, batch.base_seq + 1, None, False
+                    if batch.reconcile and mirror.whole:
+                        keep = set()
+                    else:
+                        mirror.discard()
+                        if batch.reconcile:
+                            acks.put_nowait(RESYNC)
+                            return
+                elif batch.fill:
+                    for op in batch.ops:
+                        mirror.apply(op)
+                    awaiting_fill = False
                 elif not in_snapshot and batch.first_seq != next_seq:
                     acks.put_nowait(f"out of order: expected {next_seq}, got {batch.first_seq}")
                     return
-                for op in batch.ops:
-                    mirror.apply(op)
+                if not batch.fill:
+                    for op in batch.ops:
+                        mirror.apply(op)
+                if keep is not None:
+                    keep.update(batch.keys)
+                    keep.update(op.key for op in batch.ops)
+                    if batch.delivered_keys:
+                        mirror.apply(pb.MirrorOp(kind=DELIVER, keys=batch.delivered_keys))
                 if in_snapshot:
                     in_snapshot = not batch.snapshot_done
-                else:
+                    if not in_snapshot:
+                        mirror.whole = True
+                        if keep is not None:
+                            missing = mirror.reconcile(keep, ())
+                            keep = None
+                            log.info("reconciled with the new master", queue=first.queue, missing=len(missing))
+                            if len(missing) > FILL_LIMIT:
+                                mirror.discard()
+                                acks.put_nowait(RESYNC)
+                                return
+                            if missing:
+                                awaiting_fill = True
+                                acks.put_nowait(("missing", missing))
+                elif not batch.fill:
                     next_seq += len(batch.ops)
-                if not in_snapshot:
+                if not in_snapshot and not awaiting_fill:
                     if mirror.store is not None:     # acked once its writes (and all before) are durable
                         mirror.store.when_durable(ack, next_seq - 1)
                     else:
@@ -202,9 +259,15 @@ async def serve_mirror(mirroring, request_iterator, context):
                 item = acks.get_nowait()
             if item is None:
                 return
+            if item is RESYNC:
+                yield pb.MirrorAck(resync=True)
+                return
             if isinstance(item, str):
                 yield pb.MirrorAck(error=item)
                 return
+            if isinstance(item, tuple):
+                yield pb.MirrorAck(missing=item[1])
+                continue
             yield pb.MirrorAck(seq=item)
     finally:
         task.cancel()

@@ -48,6 +48,9 @@ class Mirroring:
         self._adopted: dict[tuple[str, str], tuple[set, float]] = {}   # publish ids a promotion brought
         self._removed_ids: set = set()      # those the promoted mirror saw removed lately
         self._recent_ids: set = set()       # those of its newest messages
+        # a promotion here: the mirrors that were in sync with the old master, and the newest key
+        # this node brought; their copies are reconciled with this one, not copied again
+        self.reconcile_offers: dict[tuple[str, str], tuple[set, int]] = {}
         self._task: asyncio.Task | None = None
         self._last_tick = 0.0
         self._quiet_until = 0.0
@@ -224,6 +227,7 @@ class Mirroring:
                              queue=state.name, mirror=c["home"], epoch=state.epoch)
             return False
         old_home = state.home
+        survivors = {node for node in state.synced if node not in (c["home"], old_home)}
         state.epoch = c["epoch"]
         state.home = c["home"]
         state.synced = []
@@ -243,7 +247,10 @@ class Mirroring:
             mirror = self.mirrors.pop(state.key, None)
             self._removed_ids = set(getattr(mirror, "removed_ids", ()))
             self._recent_ids = set(mirror.recent_ids.values()) if mirror is not None else set()
-            become_master(state, queue, mirror.contents() if mirror is not None else None)
+            contents = mirror.contents() if mirror is not None else None
+            if mirror is not None and mirror.whole and survivors:
+                self.reconcile_offers[state.key] = (survivors, contents[-1][0] if contents else 0)
+            become_master(state, queue, contents)
             self._removed_ids = self._recent_ids = set()
         elif not queue.remote:
             become_remote(state, queue)

@@ -42,6 +42,7 @@ from .rpc import cluster_pb2 as pb
 ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, pb.MirrorOp.REMOVE,
                                      pb.MirrorOp.REQUEUE)
 SNAPSHOT_BATCH = 1000
+RECONCILE_BATCH = 50_000     # keys per batch of a reconcile
 MAX_BATCH_OPS = 4000
 IN_CONFIRM_SET = ("catching", "proposing", "synced")
 
@@ -57,6 +58,10 @@ class MirrorRefused(Exception):
     """The mirror would not take the stream (it has not applied our epoch yet, or a newer one)."""
 
 
+class MirrorWantsAll(Exception):
+    """The mirror's copy cannot be reconciled (not whole, or too far behind): a full sync."""
+
+
 class Replicator:
     def __init__(self, mirroring, state):
         self.mirroring = mirroring        # cluster.mirroring.Mirroring: peers, proposals, log fields
@@ -69,6 +74,8 @@ class Replicator:
         self.waiting: deque = deque()     # (seq, fn, args, since): confirms waiting for mirrors
         self.closed = False
         self.log_ = mirroring.log.bind(vhost=state.vhost, queue=state.name, epoch=state.epoch)
+        # promoted: mirrors in sync with the old master, and the newest key this copy brought
+        self.reconcile_nodes, self.reconcile_upto = mirroring.reconcile_offers.pop(state.key, (set(), 0))
 
     def start(self, queue, promoted: bool = False) -> None:
         """Mirrors of a new queue (or of a master just promoted) copy everything on their first
@@ -84,7 +91,8 @@ class Replicator:
                 self.links.pop(node).close()
         for node in nodes:
             if node not in self.links and not self.closed:
-                self.links[node] = MirrorLink(self, node, force_sync=initial)
+                upto = self.reconcile_upto if initial and node in self.reconcile_nodes else None
+                self.links[node] = MirrorLink(self, node, force_sync=initial, reconcile_upto=upto)
         self.release()
 
     def close(self, ok: bool = False) -> None:
@@ -233,9 +241,14 @@ class Replicator:
 class MirrorLink:
     """The master's stream to one mirror; reconnects (with a fresh reset) until closed."""
 
-    def __init__(self, replicator: Replicator, node: str, force_sync: bool = False):
+    def __init__(self, replicator: Replicator, node: str, force_sync: bool = False,
+                 reconcile_upto: int | None = None):
         self.rep = replicator
         self.node = node
+        # a promoted master's first stream to a mirror that was in sync with the old master: keys
+        # up to this one are sent as keys only, and the mirror asks for what it lacks
+        self.reconcile_upto = reconcile_upto
+        self.fills: deque = deque()         # key lists the mirror asked for
         self.phase = "connecting"
         self.acked = 0
         self.acked_at = 0.0
@@ -315,6 +328,9 @@ class MirrorLink:
                     self.rep.log_.info("mirror stream ended", mirror=self.node, code=exc.code().name)
             except MirrorRefused as exc:
                 self.rep.log_.info("mirror refused the stream", mirror=self.node, reason=str(exc))
+            except MirrorWantsAll:
+                self.rep.log_.info("mirror cannot be reconciled: syncing it whole", mirror=self.node)
+                self.reconcile_upto = None
             finally:
                 self.streaming = False
                 self._call = None
@@ -326,37 +342,64 @@ class MirrorLink:
         rep = self.rep
         state = rep.state
         full = self.force_sync or state.sync_mode == "automatic"
+        reconcile = full and self.reconcile_upto is not None
         base = rep.seq
         reader = ContentsReader(rep.queue) if full else None
+        keys = None
+        if reconcile:
+            keys = rep.queue.keys_upto(self.reconcile_upto)
+            reader.cursor = self.reconcile_upto + 1     # newer messages are sent whole
         self.cut_key = rep.queue.next_seq - 1
         self.sent_upto = base
         self.acked = 0
+        self.fills.clear()
         self.sync_total, self.sync_sent = (reader.total if reader else 0), 0
         self.phase = "syncing"
         self.streaming = True
         if self.sync_total:
-            rep.log_.info("syncing mirror", mirror=self.node, messages=self.sync_total)
+            rep.log_.info("reconciling mirror" if reconcile else "syncing mirror", mirror=self.node,
+                          messages=self.sync_total)
         self._event = asyncio.Event()       # a generator of an earlier stream may linger: not woken
         self._stream_id += 1
-        self._call = peer.stub.Mirror(self._batches(reader, base, self._stream_id, self._event),
+        self._call = peer.stub.Mirror(self._batches(reader, base, self._stream_id, self._event, keys),
                                       metadata=rep.mirroring.call_metadata())
         async for ack in self._call:
             if ack.error:
                 raise MirrorRefused(ack.error)
+            if ack.resync:
+                raise MirrorWantsAll()
+            if ack.missing:
+                self.fills.append(list(ack.missing))
+                self.wake()
+                continue
             self.acked = ack.seq
             self.acked_at = time.monotonic()
             if self.phase == "syncing" and ack.seq >= base:
                 self.sync_total = self.sync_sent = 0
                 if full:
-                    if reader.sent:
-                        rep.log_.info("mirror holds the snapshot", mirror=self.node, messages=reader.sent)
+                    if reader.sent or reconcile:
+                        rep.log_.info("mirror holds the snapshot", mirror=self.node, messages=reader.sent,
+                                      reconciled=reconcile)
                     self.caught_up_from(rep.seq)
                     self.force_sync = False
+                    self.reconcile_upto = None
                 else:
                     self.phase = "manual"
             if self.phase == "catching" and self.acked >= self.join_seq:
                 self.propose_synced()
             rep.release()
+
+    async def _filled(self, keys: list[int]) -> list:
+        """ENQUEUE ops for the keys a reconciled mirror lacks, as the queue holds them now (those
+        gone since are left out: their removal is in the live log the mirror gets next)."""
+        queue = self.rep.queue
+        while True:
+            found = queue.entries_at(keys)
+            if found is not None:
+                return [enqueue_op(seq, message, delivered, expires) for seq, message, delivered, expires in found]
+            written = asyncio.get_running_loop().create_future()
+            queue.store.when_durable(lambda _ok: written.done() or written.set_result(None))
+            await written
 
     async def _snapshot_chunks(self, reader):
         """The reset's contents, a chunk at a time; a paged-out message not yet in the file
@@ -374,11 +417,19 @@ class MirrorLink:
                 return
             yield chunk
 
-    async def _batches(self, reader, base: int, stream_id: int, event: asyncio.Event):
+    async def _batches(self, reader, base: int, stream_id: int, event: asyncio.Event, keys=None):
         rep = self.rep
         state = rep.state
         head = dict(vhost=state.vhost, queue=state.name, epoch=state.epoch, master=rep.mirroring.node)
-        yield pb.MirrorBatch(reset=True, base_seq=base, snapshot_done=reader is None, **head)
+        yield pb.MirrorBatch(reset=True, base_seq=base, snapshot_done=reader is None, reconcile=keys is not None,
+                             **head)
+        if keys is not None:
+            held, delivered = keys
+            for i in range(0, len(held), RECONCILE_BATCH):
+                if stream_id != self._stream_id:
+                    return
+                yield pb.MirrorBatch(keys=held[i:i + RECONCILE_BATCH],
+                                     delivered_keys=delivered if i == 0 else ())
         if reader is not None:
             n = 0
             started = time.monotonic()
@@ -397,6 +448,10 @@ class MirrorLink:
                     rep.log_.info("sync progress", mirror=self.node, sent=self.sync_sent, total=self.sync_total)
             yield pb.MirrorBatch(snapshot_done=True)
         while stream_id == self._stream_id:
+            if self.fills:
+                ops = await self._filled(self.fills.popleft())
+                yield pb.MirrorBatch(fill=True, ops=ops)
+                continue
             if self.sent_upto >= rep.seq:
                 event.clear()
                 rep.trim()

@@ -207,6 +207,32 @@ def test_acks_that_never_reached_the_mirrors_do_not_deliver_twice(cluster):
     pc.close()
 
 
+def test_a_surviving_mirror_is_reconciled_with_the_new_master_not_copied_again(cluster):
+    """The mirror that was in sync with the dead master holds what the promoted one holds: it is
+    reconciled by keys (and asks only for what it lacks), is synchronised again, and can itself
+    be promoted later with every message, once each, in order."""
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    synced = _mirrored_on_all(hare1, "ha.keep", via=hare2)["synchronised_mirrors"]
+    promoted, survivor = [m for name in synced for m in members if m.name == name]
+    pc, pub = _chan(hare2, confirm=True)
+    for i in range(3000):
+        pub.basic_publish("", "ha.keep", str(i).encode(), PERSISTENT)
+    pc.close()
+    assert [int(b) for b, _r in _drain(hare3, "ha.keep", limit=500)] == list(range(500))
+    hare1.kill9()
+    _synced(promoted, "ha.keep", [survivor.name])
+    assert "reconciled with the new master" in survivor.log_path.read_text()
+    assert "reconciling mirror" in promoted.log_path.read_text()
+    hare1.start(timeout=60)                  # a member back, then the new master dies too
+    _synced(promoted, "ha.keep", [survivor.name, "hare1"])
+    promoted.kill9()
+    row = wait_until(lambda: (lambda r: r if r and r["master"] == survivor.name else None)(
+        queue_row(survivor, "ha.keep")), timeout=15)
+    assert row["messages"] == 2500
+    assert [int(b) for b, _r in _drain(survivor, "ha.keep")] == list(range(500, 3000))
+
+
 def test_messages_unacked_when_mirroring_starts_survive_a_failover(cluster):
     # a policy makes a queue mirrored while a consumer holds deliveries: the mirrors get those
     # too, so a failover after the consumer's node dies loses none of them

@@ -329,7 +329,7 @@ class MirrorOp(_message.Message):
     def __init__(self, kind: _Optional[_Union[MirrorOp.Kind, str]] = ..., key: _Optional[int] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., redelivered: bool = ..., keys: _Optional[_Iterable[int]] = ..., ttl_left_ms: _Optional[int] = ...) -> None: ...
 
 class MirrorBatch(_message.Message):
-    __slots__ = ("vhost", "queue", "epoch", "master", "reset", "base_seq", "snapshot_done", "first_seq", "ops")
+    __slots__ = ("vhost", "queue", "epoch", "master", "reset", "base_seq", "snapshot_done", "first_seq", "ops", "reconcile", "keys", "delivered_keys", "fill")
     VHOST_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -339,6 +339,10 @@ class MirrorBatch(_message.Message):
     SNAPSHOT_DONE_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
+    RECONCILE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    FILL_FIELD_NUMBER: _ClassVar[int]
     vhost: str
     queue: str
     epoch: int
@@ -348,12 +352,20 @@ class MirrorBatch(_message.Message):
     snapshot_done: bool
     first_seq: int
     ops: _containers.RepeatedCompositeFieldContainer[MirrorOp]
-    def __init__(self, vhost: _Optional[str] = ..., queue: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ..., reset: bool = ..., base_seq: _Optional[int] = ..., snapshot_done: bool = ..., first_seq: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[MirrorOp, _Mapping]]] = ...) -> None: ...
+    reconcile: bool
+    keys: _containers.RepeatedScalarFieldContainer[int]
+    delivered_keys: _containers.RepeatedScalarFieldContainer[int]
+    fill: bool
+    def __init__(self, vhost: _Optional[str] = ..., queue: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ..., reset: bool = ..., base_seq: _Optional[int] = ..., snapshot_done: bool = ..., first_seq: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[MirrorOp, _Mapping]]] = ..., reconcile: bool = ..., keys: _Optional[_Iterable[int]] = ..., delivered_keys: _Optional[_Iterable[int]] = ..., fill: bool = ...) -> None: ...
 
 class MirrorAck(_message.Message):
-    __slots__ = ("seq", "error")
+    __slots__ = ("seq", "error", "missing", "resync")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
     seq: int
     error: str
-    def __init__(self, seq: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    missing: _containers.RepeatedScalarFieldContainer[int]
+    resync: bool
+    def __init__(self, seq: _Optional[int] = ..., error: _Optional[str] = ..., missing: _Optional[_Iterable[int]] = ..., resync: bool = ...) -> None: ...

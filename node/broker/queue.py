@@ -257,6 +257,36 @@ class Queue:
             oldest = min(oldest, self.tail_keys[0])
         return oldest
 
+    def keys_upto(self, upto: int) -> tuple[list[int], list[int]]:
+        """(every key up to `upto` still in the queue, those of them delivered), ascending: what a
+        promoted master reconciles a surviving mirror with, without reading a message."""
+        outstanding = self.outstanding
+        in_memory = [e for e in outstanding.values() if e.seq <= upto] + [e for e in self.ready if e.seq <= upto]
+        keys = [e.seq for e in in_memory]
+        keys += [key for key in self.tail_keys if key <= upto]
+        keys.sort()
+        delivered = sorted(e.seq for e in in_memory if e.redelivered or e.seq in outstanding)
+        return keys, delivered
+
+    def entries_at(self, keys: list[int]) -> list | None:
+        """(seq, message, delivered, expires) of those keys still in the queue, ascending; None
+        if a paged-out one has not reached the file yet (ask again after the store's next write)."""
+        want = set(keys)
+        outstanding = self.outstanding
+        out = [(e.seq, e.message, True, e.expires) for e in outstanding.values() if e.seq in want]
+        out += [(e.seq, e.message, e.redelivered, e.expires) for e in self.ready if e.seq in want]
+        tail, tail_keys = self.tail, self.tail_keys
+        for key in sorted(want):
+            i = bisect.bisect_left(tail_keys, key)
+            if i < len(tail_keys) and tail_keys[i] == key:
+                msg_id = tail[i]
+                if not self.store.is_written(msg_id):
+                    return None
+                message, delivered = self._read(msg_id)
+                out.append((key, message, delivered, self._tail_expiry.get(msg_id, 0.0)))
+        out.sort(key=_first)
+        return out
+
     def adopt(self, contents) -> None:
         """A promoted mirror's messages (MIR-4), oldest first: (key, message or None when it is
         only in the store, delivered, msg_id, expires), keeping their keys (the positions the
@@ -720,6 +750,10 @@ class Queue:
 
 def _entry_seq(entry: Entry) -> int:
     return entry.seq
+
+
+def _first(item):
+    return item[0]
 
 
 class ContentsReader:
