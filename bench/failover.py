@@ -280,7 +280,7 @@ async def run(args) -> dict:
                 if load.publisher_node != pub:
                     await load.connect_publisher(members[pub])
             await asyncio.sleep(args.settle)
-            nacks0, dups0, failed0 = len(load.nacks), len(load.dup_times), len(load.failed)
+            nacks0, dups0, failed0, fresh0 = len(load.nacks), len(load.dup_times), len(load.failed), load.dup_fresh
             victim = members[master]
             t_kill = time.monotonic()
             victim.kill()
@@ -302,12 +302,13 @@ async def run(args) -> dict:
                    "consumer": load.consumer_node, "resume_s": _r(resume), "gap_s": _r(gap),
                    "first_new_confirm_s": _r(first_new),
                    "nacked": len(load.nacks) - nacks0, "failed": len(load.failed) - failed0,
-                   "duplicates": len(load.dup_times) - dups0}
+                   "duplicates": len(load.dup_times) - dups0, "duplicates_not_redelivered": load.dup_fresh - fresh0}
             rounds.append(row)
             print(f"round {r:2d}: killed {master} ({row['killed_role']:11s}) new master {new_master} "
                   f"pub@{row['publisher']} con@{row['consumer']}  resume {_f(resume)}  stall {_f(gap)}  "
                   f"first-new {_f(first_new)}  "
-                  f"nacked {row['nacked']}  dups {row['duplicates']}", flush=True)
+                  f"nacked {row['nacked']}  dups {row['duplicates']} ({row['duplicates_not_redelivered']} not redelivered)",
+                  flush=True)
         await load.stop_publisher()
         await _drain(load)
         await load.stop_consumer()

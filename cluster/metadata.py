@@ -256,9 +256,9 @@ class MetadataMachine:
         """The mirror's messages, less those this node's clients acked through the old master
         (their acks never reached the mirrors); those its clients still hold stay delivered to
         them, settled when they answer (old.successor). Everything else as the mirror had it."""
+        acked, held_keys, acked_ids = old.doubts()
         if self.mirroring is not None:
-            self.mirroring.adopted(queue, contents)
-        acked, held_keys = old.doubts()
+            self.mirroring.adopted(queue, contents, acked_ids)
         if not acked and not held_keys:
             queue.adopt(contents)
             return
@@ -277,6 +277,8 @@ class MetadataMachine:
                     continue
             keep.append(item)
         queue.adopt(keep)
+        self.log.info("adopted the mirror's messages", vhost=queue.vhost, queue=queue.name, messages=len(keep),
+                      acked_here=len(acked), held_here=len(held_keys), dropped=len(gone), held=len(hold))
         if contents:
             queue.next_seq = max(queue.next_seq, contents[-1][0] + 1)
         ids = [msg_id for _k, _m, _d, msg_id, _e in gone if msg_id]

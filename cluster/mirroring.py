@@ -338,11 +338,11 @@ class Mirroring:
                                  "shutdown": state.home in self.stopping}, done, forward_if_deposed=False)
 
     # ---- publishes sent again to a new master (CONF-4) --------------------------------------------
-    def adopted(self, queue, contents) -> None:
+    def adopted(self, queue, contents, acked_here=frozenset()) -> None:
         """A promoted mirror's messages: the publish ids of the newest, and of those it saw
-        removed lately, which a publisher's node may send again (it never saw them confirmed),
-        are remembered for a while."""
-        ids = self._recent_ids | self._removed_ids   # consumed already: sent again, they must not come back
+        removed lately or this node's clients acked (maybe before the mirror had them), which a
+        publisher's node may send again (it never saw them confirmed), are remembered for a while."""
+        ids = self._recent_ids | self._removed_ids | acked_here   # consumed already: they must not come back
         key = (queue.vhost, queue.name)
         if ids:
             self._adopted[key] = (ids, time.monotonic() + RESENT_FOR)

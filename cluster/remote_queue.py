@@ -333,6 +333,11 @@ class RemoteQueue:
         self._acked: OrderedDict = OrderedDict()
         self._pending: dict[int, RemoteEntry] = {}
         self._shadow: dict[int, tuple] = {}
+        # the same by publish id (publish id -> epoch; publish id -> key): a master may deliver a
+        # message before its mirrors have it, so the publisher's node, never confirmed, sends it
+        # again to the new master, which gives it a new key
+        self._acked_ids: OrderedDict = OrderedDict()
+        self._pending_ids: dict[int, int] = {}
         self.successor = None         # this node masters the queue now: (Queue, {key: Entry})
         self.replacement = None       # the local Queue that replaced this handle (a promotion here)
 
@@ -563,31 +568,49 @@ class RemoteQueue:
             acked[key] = (epoch, fingerprint(message))
             if len(acked) > ACKED_KEYS:
                 acked.popitem(last=False)
+            if message.publish_id:
+                ids = self._acked_ids
+                ids[message.publish_id] = epoch
+                if len(ids) > ACKED_KEYS:
+                    ids.popitem(last=False)
 
     def in_doubt(self, entries) -> None:
         """Deliveries of a link given up: the client still holds them and may yet settle them."""
         for entry in entries:
             if entry.key:
                 self._pending[entry.key] = entry
+                if entry.message.publish_id:
+                    self._pending_ids[entry.message.publish_id] = entry.key
 
     def seen_before(self, link: QueueLink, d) -> bool:
         """A delivery by a new master of what this node's client acked through the old one (its
         ack never reached the mirrors) is acked again at once; of what the client still holds,
         it waits for the client's answer to the old delivery. Neither reaches the client twice.
-        Not only redeliveries: a mirror that never heard of the delivery calls it a first one."""
+        Not only redeliveries: a mirror that never heard of the delivery calls it a first one,
+        and a publish sent again to the new master comes under a new key (by its publish id)."""
         key = d.key
         acked = self._acked.get(key)
         pending = self._pending.get(key)
-        if acked is None and pending is None:
+        if acked is not None or pending is not None:
+            # a key a new master gave to another message (the old one had used it for a message
+            # that never reached the mirrors) must not be taken for it: same message, same print
+            print_ = fingerprint(d.message)
+            if acked is not None and link.epoch > acked[0] and acked[1] == print_:
+                link.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=[d.id], mode=ACK)))
+                return True
+            if pending is not None and fingerprint(pending.message) == print_:
+                self._shadow[key] = (link, d.id)
+                return True
+        publish_id = d.message.publish_id
+        if not publish_id:
             return False
-        # a key a new master gave to another message (the old one had used it for a message
-        # that never reached the mirrors) must not be taken for it: same message, same print
-        print_ = fingerprint(d.message)
-        if acked is not None and link.epoch > acked[0] and acked[1] == print_:
+        epoch = self._acked_ids.get(publish_id)
+        if epoch is not None and link.epoch > epoch:
             link.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=[d.id], mode=ACK)))
             return True
-        if pending is not None and fingerprint(pending.message) == print_:
-            self._shadow[key] = (link, d.id)
+        old_key = self._pending_ids.get(publish_id)
+        if old_key is not None and old_key in self._pending and old_key not in self._shadow:
+            self._shadow[old_key] = (link, d.id)
             return True
         return False
 
@@ -596,6 +619,7 @@ class RemoteQueue:
         redelivery by the new master (held back meanwhile), here or on the master's node."""
         key = entry.key
         self._pending.pop(key, None)
+        self._pending_ids.pop(entry.message.publish_id, None)
         shadow = self._shadow.pop(key, None)
         if shadow is not None:
             link, delivery_id = shadow
@@ -611,11 +635,13 @@ class RemoteQueue:
                 else:
                     queue.settle([held_entry])
 
-    def doubts(self) -> tuple[dict, dict]:
-        """({key: print} acked, {key: print} still held by clients) here: what a master taking
-        over on this node must not deliver again, or only once the client has answered."""
+    def doubts(self) -> tuple[dict, dict, set]:
+        """({key: print} acked, {key: print} still held by clients, publish ids acked) here: what
+        a master taking over on this node must not deliver again, or only once the client has
+        answered, nor enqueue again if its publisher's node sends it once more."""
         return ({key: print_ for key, (_epoch, print_) in self._acked.items()},
-                {key: fingerprint(entry.message) for key, entry in self._pending.items()})
+                {key: fingerprint(entry.message) for key, entry in self._pending.items()},
+                set(self._acked_ids))
 
     def settle(self, entries) -> None:
         self._settle(entries, ACK)

@@ -27,9 +27,12 @@ _U64 = struct.Struct(">Q")
 FLAG_DELIVERED = 1
 FLAG_TRANSIENT = 2   # paged out under a long queue, not meant to survive a restart
 
+CRC_SEEDS = {t: zlib.crc32(bytes((t,))) for t in (ENQUEUE, DELIVER, ACK)}   # the CRC of the type byte
+ENQUEUE_HEAD = _ENQ                                                        # queue id, msg id, flags
+
 
 def frame(rtype: int, payload: bytes) -> bytes:
-    crc = zlib.crc32(payload, zlib.crc32(bytes((rtype,))))
+    crc = zlib.crc32(payload, CRC_SEEDS[rtype])
     return HEADER.pack(crc, len(payload), rtype) + payload
 
 
@@ -61,9 +64,10 @@ def check(buf, pos: int) -> tuple[int, int, int] | None:
         return (0, pos, pos)
     start = pos + HEADER_SIZE
     end = start + length
-    if end > len(buf) or rtype not in (ENQUEUE, DELIVER, ACK):
+    seed = CRC_SEEDS.get(rtype)
+    if end > len(buf) or seed is None:
         return None
-    if zlib.crc32(memoryview(buf)[start:end], zlib.crc32(bytes((rtype,)))) != crc:
+    if zlib.crc32(memoryview(buf)[start:end], seed) != crc:
         return None
     return rtype, start, end
 
