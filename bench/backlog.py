@@ -257,7 +257,8 @@ def run(args) -> dict:
                 master.start()
             threading.Thread(target=restart_later, daemon=True).start()
         print(f"killed {master.name}; draining through {consumer_node.name}", flush=True)
-        result.update(asyncio.run(drain(lambda: consumer_node.url, args.messages, killed)))
+        result.update(asyncio.run(drain(lambda: consumer_node.url, args.messages, killed,
+                                        timeout=max(120.0, args.messages / 2000))))
         result["rss_peak_mb"] = {phase: {n: round(v) for n, v in row.items()} for phase, row in memory.peaks.items()}
         return result
     finally:

@@ -262,25 +262,25 @@ class MetadataMachine:
         if not acked and not held_keys:
             queue.adopt(contents)
             return
-        keep, hold, gone = [], [], []
-        for item in contents:
-            key, message = item[0], item[1]
-            if key in acked or key in held_keys:
-                if message is None:       # only in the store: read it to compare
-                    message = queue.read_message(item[3])
-                    item = (key, message, *item[2:])
-                if acked.get(key) == fingerprint(message):
-                    gone.append(item)
-                    continue
-                if held_keys.get(key) == fingerprint(message):
-                    hold.append(item)
-                    continue
-            keep.append(item)
-        queue.adopt(keep)
-        self.log.info("adopted the mirror's messages", vhost=queue.vhost, queue=queue.name, messages=len(keep),
-                      acked_here=len(acked), held_here=len(held_keys), dropped=len(gone), held=len(hold))
-        if contents:
-            queue.next_seq = max(queue.next_seq, contents[-1][0] + 1)
+        hold, gone = [], []
+        present = set(contents.keys) if len(acked) + len(held_keys) > 64 else contents.keys
+        for key in {*acked, *held_keys}:
+            if key not in present:
+                continue
+            item = contents.item(key)
+            message = item[1]
+            if message is None:       # only in the store: read it to compare
+                message = queue.read_message(item[3])
+                item = (key, message, *item[2:])
+            if acked.get(key) == fingerprint(message):
+                gone.append(item)
+            elif held_keys.get(key) == fingerprint(message):
+                hold.append(item)
+        queue.adopt(contents.without({item[0] for item in gone} | {item[0] for item in hold}))
+        self.log.info("adopted the mirror's messages", vhost=queue.vhost, queue=queue.name,
+                      messages=len(contents) - len(gone) - len(hold), acked_here=len(acked),
+                      held_here=len(held_keys), dropped=len(gone), held=len(hold))
+        queue.next_seq = max(queue.next_seq, contents.last_key + 1)
         ids = [msg_id for _k, _m, _d, msg_id, _e in gone if msg_id]
         if ids and queue.store is not None:
             queue.store.ack(queue.store_id, ids)

@@ -151,12 +151,41 @@ class MirrorQueue:
     def message_count(self) -> int:
         return len(self.ids) + len(self.held)
 
-    def contents(self) -> list:
-        """(key, message or None when only in the store, delivered, msg_id, TTL deadline or 0),
-        oldest first: what a promoted mirror starts from. Bodies stay in the store."""
-        ids, held, delivered, expires = self.ids, self.held, self.delivered, self.expires
+    def contents(self) -> "MirrorContents":
+        """What a promoted mirror starts from, by columns (a million messages are taken over
+        without a loop over them). Bodies stay in the store."""
+        ids, held = self.ids, self.held
         keys = sorted((*ids, *held)) if held else sorted(ids)
-        return [(key, held.get(key), key in delivered, ids.get(key, 0), expires.get(key, 0.0)) for key in keys]
+        return MirrorContents(keys, ids, held, self.delivered, self.expires)
+
+
+class MirrorContents:
+    """A mirror's copy as the new master adopts it: keys ascending, and by key the store id (or
+    the message held in memory), the delivered flag and the TTL deadline."""
+
+    def __init__(self, keys: list[int], ids: dict, held: dict, delivered: set, expires: dict):
+        self.keys = keys
+        self.ids = ids
+        self.held = held
+        self.delivered = delivered
+        self.expires = expires
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def last_key(self) -> int:
+        return self.keys[-1] if self.keys else 0
+
+    def item(self, key: int) -> tuple:
+        """(key, message or None when only in the store, delivered, msg_id, TTL deadline or 0)."""
+        return key, self.held.get(key), key in self.delivered, self.ids.get(key, 0), self.expires.get(key, 0.0)
+
+    def without(self, keys: set) -> "MirrorContents":
+        if not keys:
+            return self
+        return MirrorContents([k for k in self.keys if k not in keys], self.ids, self.held, self.delivered,
+                              self.expires)
 
 
 async def serve_mirror(mirroring, request_iterator, context):

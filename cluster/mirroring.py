@@ -249,7 +249,7 @@ class Mirroring:
             self._recent_ids = set(mirror.recent_ids.values()) if mirror is not None else set()
             contents = mirror.contents() if mirror is not None else None
             if mirror is not None and mirror.whole and survivors:
-                self.reconcile_offers[state.key] = (survivors, contents[-1][0] if contents else 0)
+                self.reconcile_offers[state.key] = (survivors, contents.last_key)
             become_master(state, queue, contents)
             self._removed_ids = self._recent_ids = set()
         elif not queue.remote:

@@ -288,26 +288,22 @@ class Queue:
         return out
 
     def adopt(self, contents) -> None:
-        """A promoted mirror's messages (MIR-4), oldest first: (key, message or None when it is
-        only in the store, delivered, msg_id, expires), keeping their keys (the positions the
-        old master gave them). Those delivered on the old master come back redelivered; a TTL
-        deadline the old master had set holds (one unknown to it counts from now). The head is
-        read into memory and the rest stays paged out, as on the mirror."""
+        """A promoted mirror's messages (MIR-4), a cluster.mirror.MirrorContents: keys ascending,
+        kept (the positions the old master gave them). Those delivered on the old master come
+        back redelivered; a TTL deadline the old master had set holds (one unknown to it counts
+        from now). The head is read into memory and the rest stays paged out, as on the mirror:
+        taken over by columns, since a promotion must not hold the loop for a long queue."""
+        keys = contents.keys
+        if not keys:
+            return
         store = self.store
         ready = self.ready
-        for key, message, delivered, msg_id, expires in contents:
-            self.next_seq = max(self.next_seq, key + 1)
-            if store is not None and (self.tail or len(ready) >= self._head_limit):
-                if not msg_id:       # held in memory on the mirror: paged out here
-                    msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
-                                           message.props_raw, message.body, delivered=delivered,
-                                           transient=True)
-                self.tail.append(msg_id)
-                self.tail_keys.append(key)
-                if expires:
-                    self._tail_expiry[msg_id] = expires
-                    self.expiring = True
-                continue
+        self.next_seq = max(self.next_seq, keys[-1] + 1)
+        head = len(keys) if store is None else 0 if self.tail else max(0, self._head_limit - len(ready))
+        held, ids, delivered_keys, deadlines = contents.held, contents.ids, contents.delivered, contents.expires
+        for key in keys[:head]:
+            message, msg_id, expires = held.get(key), ids.get(key, 0), deadlines.get(key, 0.0)
+            delivered = key in delivered_keys
             if message is None:
                 message, delivered = self._read(msg_id)
             if not expires and (self.ttl is not None or message.expiration is not None):
@@ -316,6 +312,30 @@ class Queue:
                 self.expiring = True
             ready.append(Entry(message, key, delivered, msg_id, expires))
             self.ready_bytes += len(message.body)
+        rest = keys[head:]
+        if rest:
+            if held:         # held in memory on the mirror: paged out here
+                def stored(key):
+                    msg_id = ids.get(key)
+                    if msg_id is None:
+                        message = held[key]
+                        msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
+                                               message.props_raw, message.body, delivered=key in delivered_keys,
+                                               transient=True)
+                        ids_here[key] = msg_id
+                    return msg_id
+                ids_here: dict[int, int] = {}
+                self.tail.extend(map(stored, rest))
+            else:
+                ids_here = {}
+                self.tail.extend(map(ids.__getitem__, rest))
+            self.tail_keys.extend(rest)
+            if deadlines:
+                in_rest = set(rest)
+                for key, expires in deadlines.items():
+                    if expires and key in in_rest:
+                        self._tail_expiry[ids_here.get(key) or ids[key]] = expires
+                        self.expiring = True
         if self.expiring:
             self.drop_expired()
 
