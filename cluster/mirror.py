@@ -70,7 +70,7 @@ class MirrorQueue:
         """A promoted master's keys against this copy, both of the same old master: what it does
         not hold is dropped (ops this mirror applied and the new master never saw), what it holds
         and this copy lacks is returned, to be filled in; delivered flags are added."""
-        drop = [key for key in (*self.ids, *self.held) if key not in keep]
+        drop = (self.ids.keys() - keep) | (self.held.keys() - keep)
         if drop:
             ids, held = self.ids, self.held
             acked = []
@@ -86,7 +86,7 @@ class MirrorQueue:
             if acked:
                 self.store.ack(self.store_id, acked)
         self.apply(pb.MirrorOp(kind=DELIVER, keys=delivered))
-        return sorted(key for key in keep if key not in self.ids and key not in self.held)
+        return sorted(keep.difference(self.ids, self.held))
 
     def apply(self, op) -> None:
         kind = op.kind

@@ -142,7 +142,7 @@ class Mirroring:
         if state.home == self.node and queue is not None and not queue.remote and state.mirrors:
             if replicator is None or replicator.closed:
                 replicator = self.replicators[key] = Replicator(self, state)
-                queue.attach_replica(replicator, promoted=state.epoch > 1)
+                queue.attach_replica(replicator)
             else:
                 replicator.set_mirrors(state.mirrors)
         elif replicator is not None:

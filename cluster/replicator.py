@@ -77,13 +77,15 @@ class Replicator:
         # promoted: mirrors in sync with the old master, and the newest key this copy brought
         self.reconcile_nodes, self.reconcile_upto = mirroring.reconcile_offers.pop(state.key, (set(), 0))
 
-    def start(self, queue, promoted: bool = False) -> None:
-        """Mirrors of a new queue (or of a master just promoted) copy everything on their first
-        stream whatever the sync mode: like RabbitMQ's, they are created in sync. Mirrors added
-        to a queue that already holds messages follow ha-sync-mode."""
+    def start(self, queue) -> None:
+        """Mirrors of a new (empty) queue copy everything on their first stream whatever the sync
+        mode: like RabbitMQ's, they are created in sync. A master just promoted keeps the mirrors
+        that were in sync with the old one (reconciled, not copied); others, like mirrors added to
+        a queue that already holds messages, follow ha-sync-mode (RabbitMQ's restarted mirrors
+        rejoin unsynchronised, too)."""
         self.queue = queue
         empty = not queue.message_count and not queue.unacked
-        self.set_mirrors(self.state.mirrors, initial=promoted or empty)
+        self.set_mirrors(self.state.mirrors, initial=empty)
 
     def set_mirrors(self, nodes: list[str], initial: bool = False) -> None:
         for node in list(self.links):
@@ -91,8 +93,10 @@ class Replicator:
                 self.links.pop(node).close()
         for node in nodes:
             if node not in self.links and not self.closed:
-                upto = self.reconcile_upto if initial and node in self.reconcile_nodes else None
-                self.links[node] = MirrorLink(self, node, force_sync=initial, reconcile_upto=upto)
+                upto = self.reconcile_upto if node in self.reconcile_nodes else None
+                self.reconcile_nodes.discard(node)
+                self.links[node] = MirrorLink(self, node, force_sync=initial or upto is not None,
+                                              reconcile_upto=upto)
         self.release()
 
     def close(self, ok: bool = False) -> None:

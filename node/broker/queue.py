@@ -234,11 +234,11 @@ class Queue:
         else:
             self.store.when_durable(replica.when_replicated_after, replica.seq, fn, args)
 
-    def attach_replica(self, replica, promoted: bool = False) -> None:
+    def attach_replica(self, replica) -> None:
         """Become a mirrored queue's master: every later change goes to `replica` too. The queue
         pages as before: mirroring wraps it, it does not change how messages are kept."""
         self.replica = replica
-        replica.start(self, promoted)
+        replica.start(self)
 
     def detach_replica(self):
         replica, self.replica = self.replica, None
