@@ -63,6 +63,7 @@ class ClusterNode:
         self._server: grpc.aio.Server | None = None
         self._transition: asyncio.Task | None = None
         self._announced = False
+        self.draining = False
         broker.cluster = self
 
     def leader_name(self) -> str | None:
@@ -144,7 +145,8 @@ class ClusterNode:
         if majority:
             if not self._announced:
                 await self._announce_restart()
-            await self.amqp.resume()
+            if not self.draining:      # `haremq ctl drain` keeps clients away until `revive`
+                await self.amqp.resume()
         else:
             self.log.warning("pausing: this node cannot see a majority of the cluster (pause-minority)")
             await self.amqp.pause("pause-minority: node cannot see a majority of the cluster")

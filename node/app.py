@@ -89,7 +89,7 @@ class Node:
         else:   # clustered: metadata comes back by replaying the cluster's log; messages join their queues then
             self._recovered_queues = dict(recovered.queues)
         self._default_user()
-        self._load_definitions()
+        await self._load_definitions()
         self._resource_monitor()
         await self._start_management()     # a management port in use stops the node before AMQP opens
         self.amqp = AMQPServer(self.broker, self.config.bind, self.config.amqp_port, self.config.tls_port, tls)
@@ -145,13 +145,13 @@ class Node:
             await self.management.stop()
             raise NodeError(str(exc)) from None
 
-    def _load_definitions(self) -> None:
+    async def _load_definitions(self) -> None:
         """--definitions FILE: RabbitMQ's definitions JSON, imported at every start."""
         if self.config.definitions is None:
             return
-        from .broker.definitions import load_file
+        from .broker.definitions import read_file
         try:
-            self.broker.import_definitions(load_file(self.config.definitions))
+            self.broker.import_definitions(await read_file(self.config.definitions))
         except (ValueError, KeyError, TypeError) as exc:
             raise NodeError(f"cannot import definitions {self.config.definitions}: {exc}") from None
         self.log.info("definitions imported", file=str(self.config.definitions))
