@@ -44,3 +44,31 @@ def dns_members(name: str, service: str, port: int, replicas: int | None = None,
             misses += 1
         i += 1
     return members
+
+
+async def join(node, advertise: str, interval: float = 1.0) -> None:
+    """A fresh member found by DNS asks the running members to add it (`member_join`, which goes
+    through the metadata log) until one of them has; at a first start of the whole StatefulSet
+    the entry only confirms what every member already knew."""
+    import asyncio
+    import json
+
+    import grpc
+    import structlog
+
+    from .rpc import cluster_pb2 as pb
+    log = structlog.get_logger("haremq.cluster").bind(node=node.name)
+    request = pb.ControlRequest(command="member_join",
+                                arguments=json.dumps({"node": node.name, "address": advertise}).encode())
+    while node.joining:
+        for peer in sorted(node.membership.peers.values(), key=lambda p: p.name):
+            if not node.joining:
+                return
+            try:
+                reply = await peer.stub.Control(request, timeout=10.0, metadata=node.membership.metadata())
+            except grpc.aio.AioRpcError:
+                continue
+            if reply.ok:
+                log.info("joined the cluster", via=peer.name, address=advertise)
+                return
+        await asyncio.sleep(interval)

@@ -160,3 +160,16 @@ COMMANDS.update({
     "drain": drain,
     "revive": revive,
 })
+
+
+async def member_join(control: Control, args: dict) -> dict:
+    """A fresh member found by DNS (a StatefulSet scaled out) asks to be added; through the
+    metadata log, so every member counts it from the same entry on."""
+    name, address = args["node"], args["address"]
+    if control.node.membership.peers.get(name) is not None and \
+            control.node.membership.peers[name].address != address:
+        raise ControlError(f"PRECONDITION_FAILED - member '{name}' is known at another address")
+    return await _propose(control, {"op": "member.add", "node": name, "address": address})
+
+
+COMMANDS["member_join"] = member_join

@@ -48,6 +48,8 @@ class NodeConfig:
     prometheus_port: int | None = None          # /metrics (haremq node: 15692); None/0 = off
     prometheus_per_queue: bool = True           # one series per queue in /metrics
     management_tls: bool = False                # serve the API over TLS with --tls-cert/--tls-key
+    advertise: str | None = None                # HOST:CLUSTER_PORT the members reach us at (--peers-dns):
+                                                # a fresh node asks to be added (scale-out)
     optional_ports: tuple = ()                  # "management", "prometheus": on a default port, skip
                                                 # it with a warning if taken (several nodes on one host)
 
@@ -108,7 +110,7 @@ class Node:
             self.cluster = ClusterNode(self.config.name, ClusterConfig(
                 port=self.config.cluster_port, bind=self.config.bind, peers=dict(self.config.peers),
                 secret=self.config.cluster_secret, failure_timeout=self.config.failure_timeout,
-                tls=self.config.cluster_tls),
+                tls=self.config.cluster_tls, advertise=self.config.advertise),
                 self.broker, self.amqp, self.config.data_dir)
             self.cluster.metadata.recovered = dict(self._recovered_queues)
             self.cluster.on_removed = self.fail
