@@ -579,7 +579,7 @@ def test_helm_management_and_metrics_ports_annotations_and_service_monitor():
     sts = _statefulset(manifests)
     container = _container(sts)
     args = parse_node_args(_node_argv(container, "t-haremq-0", "mq"))
-    assert (args.management_port, args.prometheus_port, args.prometheus_per_queue) == (15672, 15692, "on")
+    assert (args.management_port, args.prometheus_port, args.prometheus_per_queue) == (15672, 15692, True)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["management"] == 15672 and ports["prometheus"] == 15692
     annotations = sts["spec"]["template"]["metadata"]["annotations"]
