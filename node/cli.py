@@ -17,11 +17,10 @@ import asyncio
 import gc
 import signal
 import sys
-from pathlib import Path
 
 from . import logs, settings
-from .version import __version__
 from .app import Node, NodeConfig, NodeError
+from .version import __version__
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -47,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _peers(values: dict) -> dict[str, str]:
-    """Static peers (--peer, HAREMQ_PEERS, the file) and, with --peers-dns, the first guess of the
-    StatefulSet's members; the node keeps following DNS after start (cluster/discovery.py)."""
+    """Static peers (--peer, HAREMQ_PEERS, the file) and, with --peers-dns, the StatefulSet's members
+    that resolve now; members that start later join by asking (cluster/discovery.py)."""
     peers = dict(values["peers"])
     if values["peers_dns"] and values["cluster_port"] is not None:
         from cluster.discovery import dns_members

@@ -15,7 +15,7 @@ import pytest
 
 from node import settings
 from tests.clusters import SECRET, ClusterMember, launch
-from tests.conftest import Node, free_port, port_open, wait_until
+from tests.conftest import free_port, port_open, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
