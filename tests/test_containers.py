@@ -22,7 +22,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 from tests.test_deploy import COMPOSE, ROOT
 
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(1200)]
@@ -31,7 +31,6 @@ SECRET = ROOT / "deploy" / "cluster-secret.example"
 BASE = "localhost/bookworm-python:latest"
 IMAGE = "localhost/haremq:test"
 NODES = ("hare1", "hare2", "hare3")
-AMQP = {"hare1": 5672, "hare2": 5673, "hare3": 5674}
 CONTAINERS_CONF = """\
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]
@@ -118,9 +117,29 @@ def engine(tmp_path):
     e.close()
 
 
-def _ctl(*args, port=25673, check=True):
-    return run(sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{port}", "--cluster-secret-file",
-               str(SECRET), *args, timeout=60, check=check)
+AMQP: dict[str, int] = {}
+CLUSTER: dict[str, int] = {}
+
+
+def _on_free_ports(tmp: Path) -> Path:
+    """deploy/docker-compose.yml as it is, but published on free host ports (AMQP and cluster
+    only): the fixed ones (5672.., 15672..) may belong to a node already running on this host."""
+    yaml = pytest.importorskip("yaml")
+    spec = yaml.safe_load(COMPOSE_FILE.read_text())
+    for node in NODES:
+        AMQP[node], CLUSTER[node] = free_port(), free_port()
+        service = spec["services"][node]
+        service["ports"] = [f"127.0.0.1:{AMQP[node]}:5672", f"127.0.0.1:{CLUSTER[node]}:25672"]
+        service["build"]["context"] = str(ROOT)
+    spec["secrets"]["cluster_secret"]["file"] = str(SECRET)
+    out = tmp / "docker-compose.yml"
+    out.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return out
+
+
+def _ctl(*args, node="hare2", check=True):
+    return run(sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{CLUSTER[node]}",
+               "--cluster-secret-file", str(SECRET), *args, timeout=60, check=check)
 
 
 def test_compose_cluster_loses_no_confirmed_message_when_the_master_is_killed(engine, tmp_path):
@@ -135,7 +154,7 @@ def test_compose_cluster_loses_no_confirmed_message_when_the_master_is_killed(en
     run(*build, str(ROOT), env=engine.env, timeout=900)
     project = f"haremq-ctest-{os.getpid()}"
     env = dict(engine.env, HAREMQ_IMAGE=IMAGE, BASE_IMAGE=base)
-    compose = [COMPOSE, "-p", project, "-f", str(COMPOSE_FILE)]
+    compose = [COMPOSE, "-p", project, "-f", str(_on_free_ports(tmp_path))]
     try:
         run(*compose, "up", "-d", "--no-build", "hare1", "hare2", "hare3", env=env, timeout=300)
         engine.health_timers(project)
