@@ -240,9 +240,10 @@ async def control(node: str, secret: str, command: str, arguments: dict, timeout
                 raise CtlError(f"cannot reach {node}: unavailable", EX_UNAVAILABLE) from None
             raise CtlError(f"cannot reach {node}: {code.name.lower()}", EX_SOFTWARE) from None
     if not reply.ok:
-        data_error = reply.error.startswith(DATA_ERRORS) or "unknown" in reply.error or "no such" in reply.error \
-            or "does not exist" in reply.error or "not a member" in reply.error
-        raise CtlError(reply.error, EX_DATAERR if data_error else EX_SOFTWARE)
+        text = reply.error
+        data_error = text.startswith(DATA_ERRORS) or text.startswith(("no ", "unknown ")) \
+            or "does not exist" in text or "not a member" in text or "is up:" in text
+        raise CtlError(text, EX_DATAERR if data_error else EX_SOFTWARE)
     return json.loads(reply.result) if reply.result else None
 
 
