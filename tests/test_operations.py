@@ -311,3 +311,33 @@ def test_ctl_drain_and_revive(one):
         assert ctl(one, "revive").returncode == 0
     wait_until(lambda: port_open(one.port, 0.2, one.host), timeout=5)
     pika.BlockingConnection(pika.ConnectionParameters(one.host, one.port)).close()
+
+
+def test_mirror_sync_critical_node_waits_until_a_mirror_is_synchronised(tmp_path):
+    """What the chart's preStop hook relies on: the master of a queue whose mirrors are not
+    synchronised is critical (check exits 69, await times out with 75) until sync-queue."""
+    from tests.clusters import proxied_cluster, queue_row, stop_cluster
+    members, partition = proxied_cluster(tmp_path, failure_timeout=3.0)
+    try:
+        hare1, hare2, _hare3 = members
+        conn = pika.BlockingConnection(pika.ConnectionParameters(hare1.host, hare1.port))
+        ch = conn.channel()
+        ch.queue_declare("ha.crit", durable=True)                 # homed on hare1: its master
+        for i in range(10):
+            ch.basic_publish("", "ha.crit", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+        conn.close()
+        # manual sync: mirrors added to a queue that holds messages stay unsynchronised
+        r = ctl(hare1, "set-policy", "ha", r"^ha\.", json.dumps({"ha-mode": "all", "ha-sync-mode": "manual"}),
+                "--apply-to", "queues")
+        assert r.returncode == 0, r.stderr
+        wait_until(lambda: len(queue_row(hare1, "ha.crit")["mirrors"] or []) == 2, timeout=20)
+        r = ctl(hare1, "check-if-node-is-mirror-sync-critical", "--formatter", "json")
+        assert r.returncode == 69 and json.loads(r.stdout) == [{"vhost": "/", "name": "ha.crit", "node": "hare1"}]
+        assert ctl(hare2, "check-if-node-is-mirror-sync-critical").returncode == 0     # only a mirror there
+        r = ctl(hare1, "--timeout", "2", "await-online-synchronized-mirror")
+        assert r.returncode == 75 and "timed out" in r.stderr, r.stderr
+        assert ctl(hare1, "sync-queue", "ha.crit").returncode == 0
+        r = ctl(hare1, "--timeout", "30", "await-online-synchronized-mirror")
+        assert r.returncode == 0, r.stderr
+    finally:
+        stop_cluster(list(members), partition)
