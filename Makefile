@@ -16,10 +16,10 @@ RABBITPY_VERSION := 3.0.2
 RABBITPY_DIR := .tools/rabbitpy
 AMQPLIB_DIR := tests/js/node_modules/amqplib
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,spark]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,spark]'
 	touch $@
 
 run: $(VENV)/.installed

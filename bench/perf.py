@@ -1,7 +1,7 @@
 """`haremq perf`: a PerfTest-style load tool for any AMQP 0-9-1 broker.
 
     haremq perf -h amqp://guest:guest@127.0.0.1:5672/%2F -x 1 -y 1 -s 1024 \\
-        -f persistent -c 1000 -q 300 -n 50 -u perf -z 10 --json out.json
+        -f persistent -c 1000 -q 300 -A 50 -u perf -z 10 --json out.json
 
 The flags are PerfTest's, so its users feel at home (`-h` is the broker URI
 as in PerfTest; help is `--help`). Producers and consumers each run in
@@ -69,8 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("-c", "--confirm", type=int, default=0, metavar="N",
       help="publisher confirms with at most N unconfirmed messages per producer (default: no confirms)")
     a("-q", "--qos", type=int, default=0, metavar="N", help="consumer prefetch count (default: unlimited)")
-    a("-n", "--multi-ack-every", type=int, default=0, metavar="N",
-      help="ack every N messages with multiple=true (default: ack each message)")
+    a("-A", "--multi-ack-every", type=int, default=0, metavar="N",
+      help="ack every N messages with multiple=true (default: ack each message), as PerfTest's -A")
+    a("-n", "--ctxsize", type=int, default=0, metavar="N",
+      help="PerfTest's consumer transaction size: only 0 (no transactions) is supported")
     a("-a", "--autoack", action="store_true", help="consume with no-ack")
     a("-z", "--time", type=float, metavar="SECONDS", help="publish for this long, then drain and stop")
     a("-C", "--pmessages", type=int, metavar="N", help="messages per producer, then drain and stop")
@@ -85,8 +87,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# PerfTest flags whose meaning haremq perf does not have: refused by name, so a pasted PerfTest
+# command line never silently means something else.
+PERFTEST_UNSUPPORTED = {
+    "-m": "--ptxsize (producer transactions)", "--ptxsize": "--ptxsize (producer transactions)",
+    "-D": "--cmessages (consumer message count)", "--cmessages": "--cmessages (consumer message count)",
+    "-e": "--exchange", "--exchange": "--exchange", "-t": "--type (exchange type)", "--type": "--type",
+    "-k": "--routing-key", "--routing-key": "--routing-key", "-K": "--random-routing-key",
+    "--random-routing-key": "--random-routing-key", "-p": "--predeclared", "--predeclared": "--predeclared",
+    "-i": "--interval", "--interval": "--interval", "-R": "--consumer-rate", "--consumer-rate": "--consumer-rate",
+    "-L": "--consumer-latency", "--consumer-latency": "--consumer-latency", "-M": "--framemax",
+    "--framemax": "--framemax", "-b": "--heartbeat", "--heartbeat": "--heartbeat", "-o": "--output-file",
+    "--output-file": "--output-file", "-X": "--producer-channel-count", "--producer-channel-count":
+    "--producer-channel-count", "-Y": "--consumer-channel-count", "--consumer-channel-count":
+    "--consumer-channel-count", "-P": "--publishing-interval", "--publishing-interval": "--publishing-interval",
+    "-H": "--uris (use -h, repeatable or comma-separated)", "--uris": "--uris (use -h)",
+    "-qa": "--queue-args", "--queue-args": "--queue-args", "-ad": "--auto-delete", "--auto-delete": "--auto-delete",
+    "-ms": "--use-millis", "--use-millis": "--use-millis", "-l": "--legacy-metrics",
+    "--legacy-metrics": "--legacy-metrics", "-st": "--shutdown-timeout", "--shutdown-timeout": "--shutdown-timeout",
+    "-sb": "--skip-binding-queues", "--skip-binding-queues": "--skip-binding-queues",
+}
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, RunConfig]:
+    for arg in argv:
+        if arg == "--":
+            break
+        flag = arg.split("=", 1)[0]
+        if flag in PERFTEST_UNSUPPORTED:
+            raise UsageError(f"{flag}: PerfTest's {PERFTEST_UNSUPPORTED[flag]} is not supported by haremq perf")
     ns = build_parser().parse_args(argv)
+    if ns.ctxsize:
+        raise UsageError("-n: PerfTest's consumer transaction size (--ctxsize) is not supported; "
+                         "for multi-ack use -A N")
     urls = [parse_url(u.strip()) for arg in (ns.uri or ["amqp://guest:guest@localhost:5672/%2F"])
             for u in arg.split(",") if u.strip()]
     if not urls:
@@ -95,7 +128,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, RunConfig]:
               (ns.producers + ns.consumers == 0, "-x 0 -y 0: nothing to run"),
               (ns.size < 0, "-s must be >= 0"), (ns.rate < 0, "-r must be >= 0"),
               (ns.confirm < 0, "-c must be >= 0"), (not 0 <= ns.qos <= 65535, "-q must be 0..65535"),
-              (ns.multi_ack_every < 0, "-n must be >= 0"),
+              (ns.multi_ack_every < 0, "-A must be >= 0"),
               (ns.time is not None and ns.time <= 0, "-z must be > 0"),
               (ns.pmessages is not None and ns.pmessages <= 0, "-C must be > 0"),
               (not ns.queue or len(ns.queue.encode()) > 255, "-u: queue name must be 1..255 bytes"),

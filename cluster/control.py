@@ -259,3 +259,6 @@ def _jsonable(value):
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
+
+
+from . import operations  # noqa: E402,F401  (registers the day-2 commands in COMMANDS)

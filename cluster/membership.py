@@ -213,6 +213,19 @@ class Membership:
         peer.redial = True
         self._reresolve(peer)
 
+    def add(self, name: str, address: str) -> bool:
+        """A member that joined (a StatefulSet scaled out): counted from now on, then dialled and
+        pinged like the others."""
+        if name == self.name or name in self.peers:
+            return False
+        peer = self.peers[name] = Peer(name, address)
+        peer.probe = asyncio.Event()
+        self._dial(peer, address)          # as start() does for a name that does not resolve yet
+        self._tasks.append(asyncio.create_task(self._ping_loop(peer)))
+        self.log.info("member added", member=name, address=address)
+        self._evaluate()
+        return True
+
     def forget(self, name: str) -> bool:
         peer = self.peers.pop(name, None)
         if peer is None:

@@ -49,6 +49,7 @@ class MetadataMachine:
         self.is_up = is_up
         self.on_home_lost = None
         self.on_forget = None       # name -> the membership stops counting that member
+        self.on_add = None          # (name, address) -> a new member is counted and pinged
         self.on_removed = None      # this node itself was forgotten
         self.recovered: dict[int, list] = {}
         self.mirroring = None       # cluster.mirroring.Mirroring
@@ -182,6 +183,13 @@ class MetadataMachine:
         if self.mirroring is not None:
             self.mirroring.stopping.add(c["node"])
         return {}
+
+    def _member_add(self, index, c):
+        """A new member joined (cluster/discovery.py): every member starts pinging it and counts it
+        in the majority from this entry on; the leader sends it the log from the start."""
+        if self.on_add is not None:
+            self.on_add(c["node"], c["address"])
+        return {"added": c["node"]}
 
     def _member_forget(self, index, c):
         """`haremq ctl forget-node`: the member leaves the cluster for good. As with RabbitMQ's

@@ -36,6 +36,8 @@ class ClusterConfig:
     secret: str = ""
     failure_timeout: float = 3.0
     tls: object = None                                       # transport.TLSFiles for mutual TLS
+    advertise: str | None = None     # HOST:PORT the others reach us at; with it, a fresh node joins
+                                     # the running cluster (scale-out: cluster/discovery.py)
 
 
 class ClusterNode:
@@ -56,6 +58,9 @@ class ClusterNode:
         self.metadata.on_home_lost = self.membership.probe
         self.membership.on_alarms = broker.set_peer_alarms
         self.metadata.on_forget = self.membership.forget
+        self.metadata.on_add = self._member_added
+        self.joining = False           # a fresh member asking to be added: "not a member" is expected
+        self._join: asyncio.Future | None = None
         self.metadata.on_removed = self._removed
         self.membership.on_removed = self._removed
         self.on_removed: Callable[[str], None] | None = None   # set by the node: stop with this reason
@@ -63,6 +68,7 @@ class ClusterNode:
         self._server: grpc.aio.Server | None = None
         self._transition: asyncio.Task | None = None
         self._announced = False
+        self.draining = False
         broker.cluster = self
 
     def leader_name(self) -> str | None:
@@ -105,6 +111,10 @@ class ClusterNode:
         await self.membership.start()
         await self.raft.start()
         await self.mirroring.start()
+        if self.config.advertise and self.raft.storage.last_index == 0 and self.membership.peers:
+            from .discovery import join
+            self.joining = True
+            self._join = asyncio.ensure_future(join(self, self.config.advertise))
 
     async def stop(self) -> None:
         if self._announced and self.membership.has_majority:
@@ -118,11 +128,24 @@ class ClusterNode:
         await self.membership.stop()
         if self._transition is not None:
             self._transition.cancel()
+        if self._join is not None:
+            self._join.cancel()
         if self._server is not None:
             await self._server.stop(grace=0.5)
 
+    def _member_added(self, name: str, address: str) -> None:
+        """member.add applied: count, ping and (as the leader) replicate to the new member, and
+        place mirrors on it as the policies say."""
+        if name == self.name:
+            self.joining = False       # our own entry: every member counts us from here on
+        elif self.membership.add(name, address):
+            self.raft.member_added(name)
+            self.mirroring.policies_changed()
+
     def _removed(self, told_by: str | None) -> None:
         """This node was forgotten (haremq ctl forget-node): it must not take part any more."""
+        if told_by is not None and self.joining:
+            return     # not added yet: the others do not know us until our member.add applies
         if self.on_removed is not None:
             reason = ("this node was removed from the cluster (haremq ctl forget-node"
                       + (f", as {told_by} says" if told_by else "") + "); start it on an empty data dir to join again")
@@ -144,7 +167,8 @@ class ClusterNode:
         if majority:
             if not self._announced:
                 await self._announce_restart()
-            await self.amqp.resume()
+            if not self.draining:      # `haremq ctl drain` keeps clients away until `revive`
+                await self.amqp.resume()
         else:
             self.log.warning("pausing: this node cannot see a majority of the cluster (pause-minority)")
             await self.amqp.pause("pause-minority: node cannot see a majority of the cluster")

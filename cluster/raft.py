@@ -305,6 +305,13 @@ class Raft:
             granted = True
         return pb.VoteReply(term=self.storage.term, granted=granted)
 
+    def member_added(self, name: str) -> None:
+        """A member joined (member.add applied): the leader sends it the log from the start."""
+        if self.role == "leader":
+            self.next_index.setdefault(name, 1)
+            self.match_index.setdefault(name, 0)
+            self._start_replication()
+
     # ---- replication ------------------------------------------------------------------------
     async def _append_local(self, command: bytes, waiter: asyncio.Future | None = None) -> int:
         async with self._io:

@@ -48,6 +48,8 @@ class NodeConfig:
     prometheus_port: int | None = None          # /metrics (haremq node: 15692); None/0 = off
     prometheus_per_queue: bool = True           # one series per queue in /metrics
     management_tls: bool = False                # serve the API over TLS with --tls-cert/--tls-key
+    advertise: str | None = None                # HOST:CLUSTER_PORT the members reach us at (--peers-dns):
+                                                # a fresh node asks to be added (scale-out)
     optional_ports: tuple = ()                  # "management", "prometheus": on a default port, skip
                                                 # it with a warning if taken (several nodes on one host)
 
@@ -89,7 +91,7 @@ class Node:
         else:   # clustered: metadata comes back by replaying the cluster's log; messages join their queues then
             self._recovered_queues = dict(recovered.queues)
         self._default_user()
-        self._load_definitions()
+        await self._load_definitions()
         self._resource_monitor()
         await self._start_management()     # a management port in use stops the node before AMQP opens
         self.amqp = AMQPServer(self.broker, self.config.bind, self.config.amqp_port, self.config.tls_port, tls)
@@ -108,7 +110,7 @@ class Node:
             self.cluster = ClusterNode(self.config.name, ClusterConfig(
                 port=self.config.cluster_port, bind=self.config.bind, peers=dict(self.config.peers),
                 secret=self.config.cluster_secret, failure_timeout=self.config.failure_timeout,
-                tls=self.config.cluster_tls),
+                tls=self.config.cluster_tls, advertise=self.config.advertise),
                 self.broker, self.amqp, self.config.data_dir)
             self.cluster.metadata.recovered = dict(self._recovered_queues)
             self.cluster.on_removed = self.fail
@@ -145,13 +147,13 @@ class Node:
             await self.management.stop()
             raise NodeError(str(exc)) from None
 
-    def _load_definitions(self) -> None:
+    async def _load_definitions(self) -> None:
         """--definitions FILE: RabbitMQ's definitions JSON, imported at every start."""
         if self.config.definitions is None:
             return
-        from .broker.definitions import load_file
+        from .broker.definitions import read_file
         try:
-            self.broker.import_definitions(load_file(self.config.definitions))
+            self.broker.import_definitions(await read_file(self.config.definitions))
         except (ValueError, KeyError, TypeError) as exc:
             raise NodeError(f"cannot import definitions {self.config.definitions}: {exc}") from None
         self.log.info("definitions imported", file=str(self.config.definitions))

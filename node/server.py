@@ -102,7 +102,9 @@ class AMQPProtocol(asyncio.Protocol):
                 handle.cancel()
         self.server.protocols.discard(self)
         if self.session is not None and not self.session.closed:
-            self.session.log.info("connection lost", reason=str(exc) if exc else "peer closed")
+            # a probe (haremq health, a TCP check) hangs up before connection.open: not news
+            level = self.session.log.info if self.session.vhost is not None else self.session.log.debug
+            level("connection lost", reason=str(exc) if exc else "peer closed")
             self.session.teardown()
 
     # ---- output ---------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_calls_without_the_secret_are_refused(cluster):
     r = subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{members[0].cluster_port}",
                         "--cluster-secret-file", str(bad), "cluster-status"], capture_output=True, text=True,
                        timeout=20)
-    assert r.returncode == 1 and "refused the cluster secret" in r.stderr
+    assert r.returncode == 77 and "refused the cluster secret" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
@@ -191,7 +191,7 @@ def test_ctl_against_nothing_gives_one_line_error():
                         "cluster-status"], capture_output=True, text=True, timeout=30,
                        cwd=str(Path(__file__).resolve().parent.parent), env=dict(os.environ,
                                                                                    HAREMQ_CLUSTER_SECRET="x"))
-    assert r.returncode == 1
+    assert r.returncode == 69  # rabbitmqctl: node unreachable
     assert len(r.stderr.strip().splitlines()) == 1 and "cannot reach" in r.stderr
 
 
@@ -581,7 +581,7 @@ def test_cluster_port_with_mutual_tls(tmp_path):
         assert r.returncode == 0, r.stderr
         assert all(m["up"] for m in json.loads(r.stdout)["members"])
         plain = ctl(members[0], "--timeout", "3", "cluster-status")
-        assert plain.returncode == 1 and len(plain.stderr.strip().splitlines()) == 1
+        assert plain.returncode == 69 and len(plain.stderr.strip().splitlines()) == 1
         c = pika.BlockingConnection(pika.URLParameters(members[1].url))
         c.channel().queue_declare("over.tls")
         c.close()

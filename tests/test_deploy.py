@@ -93,9 +93,13 @@ def _node_parser():
 
 
 def parse_node_args(argv: list[str]):
-    """`haremq node` arguments as the node itself parses them (argv starts with "node")."""
+    """`haremq node` settings as the node itself resolves them from argv (which starts with "node"),
+    with no HAREMQ_* environment and no config file."""
+    from types import SimpleNamespace
+
+    from node import settings
     assert argv[0] == "node", argv
-    return _node_parser().parse_args(argv)
+    return SimpleNamespace(**settings.resolve(_node_parser().parse_args(argv), environ={}))
 
 
 def _closed_port() -> int:
@@ -203,7 +207,7 @@ def test_dockerfile_copies_existing_unignored_sources(dockerfile):
         for src in words[:-1]:
             assert (ROOT / src).exists(), f"COPY {src}: no such file in the repository"
             assert src.rstrip("/") in included, f"COPY {src}: excluded by Dockerfile.dockerignore"
-    assert any("pip install ." in rest for k, rest in dockerfile if k == "RUN")
+    assert any(re.search(r"pip install (-c constraints.txt )?\.", rest) for k, rest in dockerfile if k == "RUN")
     # the packages pyproject installs are all copied
     copied = {src.rstrip("/") for words in copies for src in words[:-1]}
     for package in ("node", "cluster", "bench", "pipeline"):
@@ -269,7 +273,7 @@ def test_compose_nodes_are_peers_by_service_name(compose_config):
         assert args.bind == "0.0.0.0"
         assert args.cluster_port == 25672 and args.amqp_port == 5672
         assert str(args.data_dir) == "/var/lib/haremq"
-        peers = dict(args.peer)
+        peers = dict(args.peers)
         assert peers == {other: f"{other}:25672" for other in NODES if other != name}, peers
         # the secret file the node reads is the compose secret
         targets = {s.get("target") or f"/run/secrets/{s['source']}" for s in svc["secrets"]}
@@ -575,7 +579,7 @@ def test_helm_management_and_metrics_ports_annotations_and_service_monitor():
     sts = _statefulset(manifests)
     container = _container(sts)
     args = parse_node_args(_node_argv(container, "t-haremq-0", "mq"))
-    assert (args.management_port, args.prometheus_port, args.prometheus_per_queue) == (15672, 15692, "on")
+    assert (args.management_port, args.prometheus_port, args.prometheus_per_queue) == (15672, 15692, True)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["management"] == 15672 and ports["prometheus"] == 15692
     annotations = sts["spec"]["template"]["metadata"]["annotations"]
@@ -619,7 +623,7 @@ def test_helm_node_args_give_every_other_pod_as_peer():
         assert str(args.data_dir).startswith("/var/lib/haremq")
         if not hasattr(node_cli, "_peers"):
             pytest.skip("node.cli has no _peers() to resolve the peer list with")
-        peers = node_cli._peers(args)
+        peers = node_cli._peers(vars(args))
         domain = f"{headless}.mq.svc.cluster.local"
         assert peers == {f"{name}-{i}": f"{name}-{i}.{domain}:{args.cluster_port}"
                          for i in range(replicas) if i != 1}, peers

@@ -131,7 +131,7 @@ def test_bad_ha_policies_are_refused(cluster):
                        {"ha-mode": "nodes", "ha-params": "hare2"}, {"ha-sync-mode": "automatic"},
                        {"ha-mode": "all", "ha-promote-on-failure": "sometimes"}):
         r = ctl(members[0], "set-policy", "bad", ".*", json.dumps(definition))
-        assert r.returncode == 1 and "ha-" in r.stderr, (definition, r.stdout, r.stderr)
+        assert r.returncode == 65 and "ha-" in r.stderr, (definition, r.stdout, r.stderr)
     assert ctl_json(members[0], "list-policies") == []
 
 
@@ -350,7 +350,7 @@ def test_manual_sync_with_ctl_sync_queue(cluster):
     assert r.returncode == 0, r.stderr
     _synced(hare1, "ha.sync", ["hare2"])
     bad = ctl(hare1, "sync-queue", "no.such.queue")
-    assert bad.returncode == 1 and "no mirrored queue" in bad.stderr
+    assert bad.returncode == 65 and "no mirrored queue" in bad.stderr
     hare1.kill9()                        # now hare2 may be promoted: it has them all
     wait_until(lambda: (lambda r: r and r["master"] == "hare2")(queue_row(hare2, "ha.sync")), timeout=10)
     assert len(_drain(hare2, "ha.sync")) == 1000
@@ -715,7 +715,7 @@ def test_too_few_synchronised_mirrors_for_the_policy_means_nacks(cluster):
     pub.basic_publish("", "ha.min", b"safe again", PERSISTENT)
     pc.close()
     bad = ctl(hare1, "set-policy", "bad", "^x", json.dumps({"ha-mode": "all", "ha-min-in-sync-mirrors": -1}))
-    assert bad.returncode == 1 and "ha-min-in-sync-mirrors" in bad.stderr
+    assert bad.returncode == 65 and "ha-min-in-sync-mirrors" in bad.stderr
 
 
 def test_single_active_consumer_holds_across_a_failover(cluster):

@@ -113,7 +113,7 @@ def test_timed_persistent_run_adds_up(url, tmp_path):
 
 def test_message_count_run_is_drained(url, tmp_path):
     out = tmp_path / "count.json"
-    r = perf("-h", url, "-x", "1", "-y", "1", "-s", "100", "-c", "50", "-q", "20", "-n", "5",
+    r = perf("-h", url, "-x", "1", "-y", "1", "-s", "100", "-c", "50", "-q", "20", "-A", "5",
              "-u", _queue("count"), "-C", "500", "--json", str(out))
     assert r.returncode == 0, r.stderr
     s = json.loads(out.read_text())

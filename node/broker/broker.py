@@ -17,7 +17,7 @@ from .vhost import Persistence, VHost, is_durable, server_name
 class BrokerError(ValueError):
     """A management request that cannot be done, in rabbitmqctl's words."""
 
-VERSION = "0.1.0"
+from ..version import __version__ as VERSION  # noqa: E402  (one place: the package metadata)
 
 
 class Broker(Persistence):

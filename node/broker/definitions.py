@@ -17,15 +17,24 @@ from pathlib import Path
 from .auth import SHA256
 from .exchange import Exchange
 from .vhost import is_durable
+from ..version import __version__
 
 RABBIT_VERSION = "3.10.8"
 
 
-def load_file(path: Path | str) -> dict:
+async def read_file(path: Path | str) -> dict:
+    """A definitions file, read for the event loop: aiofiles reads in a worker thread, so a large file (or a slow
+    volume, a ConfigMap on a network disk) never holds up connections, Raft or the store."""
+    import aiofiles
     try:
-        data = json.loads(Path(path).read_text())
+        async with aiofiles.open(path) as f:
+            data = json.loads(await f.read())
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read definitions file {path}: {exc}") from None
+    return _checked(data, path)
+
+
+def _checked(data, path) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"definitions file {path} does not hold a JSON object")
     return data
@@ -118,7 +127,7 @@ def export_definitions(broker) -> dict:
         "rabbit_version": RABBIT_VERSION,
         "rabbitmq_version": RABBIT_VERSION,
         "product_name": "HareMQ",
-        "product_version": "0.1.0",
+        "product_version": __version__,
         "users": [{"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": u.algorithm,
                    "tags": list(u.tags), "limits": {}} for u in broker.users.all()],
         "vhosts": [{"name": name, "limits": [],

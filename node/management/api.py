@@ -22,6 +22,7 @@ import structlog
 from aiohttp import web
 from pamqp import commands as spec
 
+from ..version import __version__
 from ..broker.broker import BrokerError
 from ..broker.definitions import export_definitions
 from . import auth
@@ -258,7 +259,7 @@ class ManagementAPI:
         amqp = getattr(self.broker, "management_listeners", [])
         return as_json({
             "management_version": "3.10.8", "rates_mode": "basic", "product_name": "HareMQ",
-            "product_version": "0.1.0", "rabbitmq_version": "3.10.8", "erlang_version": "n/a",
+            "product_version": __version__, "rabbitmq_version": "3.10.8", "erlang_version": "n/a",
             "cluster_name": self.broker.server_properties()["cluster_name"], "node": self.broker.node_name,
             "exchange_types": [{"name": t, "description": f"AMQP {t} exchange", "enabled": True}
                                for t in ("direct", "fanout", "headers", "topic")],

@@ -105,3 +105,11 @@ podAntiAffinity:
         topologyKey: kubernetes.io/hostname
 {{- end }}
 {{- end }}
+
+{{/*
+Seconds the preStop hook waits for a synchronised mirror elsewhere: the grace period less a
+minute for the drain and the node's own shutdown (at least 10).
+*/}}
+{{- define "haremq.preStopTimeout" -}}
+{{- max 10 (sub (int .Values.terminationGracePeriodSeconds) 60) -}}
+{{- end }}

@@ -1,0 +1,75 @@
+"""Membership that follows `kubectl scale`: members found by DNS as a StatefulSet names them
+(PREFIX-N.SERVICE), and a fourth one that starts later joins the running three.
+
+Names resolve through /etc/hosts (tests/clusters.py HostNames), every member has a loopback
+address of its own and, as pods do, the same ports."""
+from __future__ import annotations
+
+import random
+
+import pika
+
+from cluster.discovery import dns_members
+from tests.clusters import SECRET, ClusterMember, HostNames, ctl, ctl_json, launch, stop_cluster
+from tests.conftest import free_port, wait_until
+
+
+def test_dns_members_follow_what_resolves():
+    names = {"hare-0.svc", "hare-1.svc", "hare-2.svc", "hare-3.svc"}
+    got = dns_members("hare-1", "svc", 25672, 3, resolve=names.__contains__)
+    assert got == {f"hare-{i}": f"hare-{i}.svc:25672" for i in range(4)}
+    # the hint covers members DNS does not answer for yet; this node's own ordinal always counts
+    assert set(dns_members("hare-4", "svc", 1, 3, resolve=lambda _h: False)) == {f"hare-{i}" for i in range(5)}
+    assert set(dns_members("hare-0", "svc", 1, None, resolve=lambda _h: False)) == {"hare-0"}
+
+
+def test_a_fourth_member_from_dns_joins_the_running_three(tmp_path):
+    hosts = HostNames()
+    service = f"{hosts.tag}.haremq.test"
+    base = f"127.0.{random.randint(100, 250)}"
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    amqp_port, cluster_port = free_port(), free_port()
+
+    def member(i: int) -> ClusterMember:
+        hosts.point(f"hare-{i}.{service}", f"{base}.{10 + i}")
+        m = ClusterMember(f"hare-{i}", tmp_path / f"hare-{i}", cluster_port, {}, secret, failure_timeout=3.0)
+        m.port = amqp_port
+        m.host = f"{base}.{10 + i}"
+        m.extra_args = ["--peers-dns", service, "--replicas", "3"]
+        return m
+
+    members = [member(i) for i in range(3)]
+    try:
+        launch(members)
+        wait_until(lambda: len(ctl_json(members[0], "cluster-status")["running"]) == 3, timeout=20)
+        conn = pika.BlockingConnection(pika.ConnectionParameters(members[0].host, amqp_port))
+        ch = conn.channel()
+        ch.queue_declare("scale.q", durable=True)
+        ch.basic_publish("", "scale.q", b"before", pika.BasicProperties(delivery_mode=2))
+        conn.close()
+
+        fourth = member(3)                        # kubectl scale --replicas 4: the pod's args are unchanged
+        launch([fourth])
+        members.append(fourth)
+        for m in members:
+            wait_until(lambda m=m: sorted(ctl_json(m, "cluster-status")["running"]) ==
+                       [f"hare-{i}" for i in range(4)], timeout=30,
+                       message=f"{m.name} does not count four members running:\n{m.log_tail()}")
+        # the newcomer has the metadata (the log from its start) and serves the queue homed on hare-0
+        conn = pika.BlockingConnection(pika.ConnectionParameters(fourth.host, amqp_port))
+        ch = conn.channel()
+        method, _props, body = ch.basic_get("scale.q", auto_ack=True)
+        assert body == b"before"
+        ch.queue_declare("scale.new", durable=True)
+        conn.close()
+        wait_until(lambda: any(r["name"] == "scale.new" for r in ctl_json(members[0], "list-queues")), timeout=10)
+        # four members: one down leaves a majority (3 of 4), and the cluster keeps its metadata
+        members[1].kill9()
+        wait_until(lambda: ctl_json(members[0], "cluster-status")["majority"], timeout=10)
+        r = ctl(members[0], "add-vhost", "scaled")
+        assert r.returncode == 0, r.stderr
+        wait_until(lambda: any(v["name"] == "scaled" for v in ctl_json(fourth, "list-vhosts")), timeout=10)
+    finally:
+        stop_cluster(members, {"close": lambda: None})
+        hosts.close()
