@@ -15,7 +15,7 @@ import structlog
 from node.broker.exchange import Exchange
 from node.broker.message import Entry
 from node.protocol.replies import AMQPError, ReplyCode
-from node.store import meta
+from node.protocol.tables import decode_table
 
 from .remote_queue import RemoteQueue, fingerprint, hand_over
 
@@ -81,7 +81,7 @@ class MetadataMachine:
 
     def _exchange_declare(self, index, c):
         self._vhost(c).declare_exchange(c["name"], c["type"], False, c["durable"], c["auto_delete"],
-                                        c["internal"], meta.decode_table(c["arguments"]), _method(c))
+                                        c["internal"], decode_table(c["arguments"]), _method(c))
         return {}
 
     def _exchange_delete(self, index, c):
@@ -90,7 +90,7 @@ class MetadataMachine:
 
     def _bind(self, index, c):
         vhost = self._vhost(c)
-        args = meta.decode_table(c["arguments"])
+        args = decode_table(c["arguments"])
         if c["kind"] == "queue":
             queue = vhost.queue(c["destination"], self._owner(c.get("owner")), _method(c))
             vhost.bind_queue(queue, c["source"], c["routing_key"], args, _method(c))
@@ -100,7 +100,7 @@ class MetadataMachine:
 
     def _unbind(self, index, c):
         vhost = self._vhost(c)
-        args = meta.decode_table(c["arguments"])
+        args = decode_table(c["arguments"])
         if c["kind"] == "queue":
             if c["destination"] in vhost.queues and c["source"] in vhost.exchanges:
                 queue = vhost.queue(c["destination"], self._owner(c.get("owner")), _method(c))
@@ -113,7 +113,7 @@ class MetadataMachine:
         vhost = self._vhost(c)
         owner = self._owner(c.get("owner"))
         name = c["name"]
-        arguments = meta.decode_table(c["arguments"])
+        arguments = decode_table(c["arguments"])
         existing = vhost.queues.get(name)
         if existing is not None:
             queue = vhost.declare_queue(name, False, c["durable"], c["exclusive"], c["auto_delete"], arguments,

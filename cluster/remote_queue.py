@@ -17,11 +17,10 @@ import grpc
 import structlog
 from pamqp import encode
 
-from node.broker.expiry import expiration_ms
 from node.broker.message import Entry, Message
-from node.protocol.properties import PropertyView
 from node.protocol.replies import AMQPError, ReplyCode
 
+from .codec import message_from_pb, message_to_pb
 from .rpc import cluster_pb2 as pb
 
 ACK, REQUEUE, DISCARD = 0, 1, 2
@@ -39,14 +38,6 @@ class RemoteEntry(Entry):
     __slots__ = ("link", "key")
 
 
-def message_from_pb(m) -> Message:
-    props = PropertyView(m.properties)
-    message = Message(m.exchange, m.routing_key, bytes(m.properties), bytes(m.body), props.delivery_mode == 2,
-                      props.priority, expiration_ms(props.expiration))
-    message.publish_id = m.publish_id
-    return message
-
-
 def fingerprint(message) -> int:
     """Tells two messages apart (a Message or a pb.Message): its publish id when it has one."""
     publish_id = message.publish_id
@@ -54,11 +45,6 @@ def fingerprint(message) -> int:
         return publish_id
     body = message.body
     return hash((bytes(body), len(body)))
-
-
-def message_to_pb(message: Message) -> pb.Message:
-    return pb.Message(exchange=message.exchange, routing_key=message.routing_key, properties=message.props_raw,
-                      body=message.body, publish_id=message.publish_id)
 
 
 class QueueLink:

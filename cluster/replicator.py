@@ -36,7 +36,7 @@ import grpc
 
 from node.broker.queue import ContentsReader
 
-from .remote_queue import message_to_pb
+from .codec import message_to_pb
 from .rpc import cluster_pb2 as pb
 
 ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, pb.MirrorOp.REMOVE,

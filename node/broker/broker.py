@@ -5,6 +5,7 @@ from __future__ import annotations
 import structlog
 
 from ..protocol.replies import AMQPError, ReplyCode
+from ..protocol.tables import decode_table, encode_table
 from ..store import meta
 from . import policy as policies
 from .auth import SHA256, Users, hash_password
@@ -342,16 +343,16 @@ class Broker(Persistence):
                 if exchange.name and not exchange.name.startswith("amq."):
                     exchanges.append({"name": exchange.name, "type": exchange.type.value,
                                       "auto_delete": exchange.auto_delete, "internal": exchange.internal,
-                                      "arguments": meta.encode_table(exchange.arguments)})
+                                      "arguments": encode_table(exchange.arguments)})
                 for destination, key, args in exchange.bindings():
                     if is_durable(destination):
                         bindings.append({"source": exchange.name, "destination": destination.name,
                                          "kind": "exchange" if isinstance(destination, Exchange) else "queue",
-                                         "routing_key": key, "arguments": meta.encode_table(args)})
+                                         "routing_key": key, "arguments": encode_table(args)})
             for queue in vhost.queues.values():
                 if queue.store is not None:
                     queues.append({"name": queue.name, "id": queue.store_id, "auto_delete": queue.auto_delete,
-                                   "arguments": meta.encode_table(queue.arguments)})
+                                   "arguments": encode_table(queue.arguments)})
             vhosts[vname] = {"exchanges": exchanges, "queues": queues, "bindings": bindings,
                              "policies": [p.as_json(vname) for p in vhost.policies.values()]}
         users = [{"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": u.algorithm,
@@ -382,9 +383,9 @@ class Broker(Persistence):
             for x in data["exchanges"]:
                 vhost._add_exchange(Exchange(x["name"], ExchangeType(x["type"]), durable=True,
                                              auto_delete=x["auto_delete"], internal=x["internal"],
-                                             arguments=meta.decode_table(x["arguments"])))
+                                             arguments=decode_table(x["arguments"])))
             for q in data["queues"]:
-                queue = vhost.add_queue(q["name"], True, None, q["auto_delete"], meta.decode_table(q["arguments"]),
+                queue = vhost.add_queue(q["name"], True, None, q["auto_delete"], decode_table(q["arguments"]),
                                         q["id"])
                 queue.restore(recovered.queues.get(q["id"], []))
                 known_ids.add(q["id"])
@@ -395,7 +396,7 @@ class Broker(Persistence):
                 else:
                     destination = vhost.exchanges.get(b["destination"])
                 if source is not None and destination is not None:
-                    source.bind(destination, b["routing_key"], meta.decode_table(b["arguments"]))
+                    source.bind(destination, b["routing_key"], decode_table(b["arguments"]))
         for queue_id, messages in recovered.queues.items():
             if queue_id not in known_ids:   # the queue was deleted: let its segments go
                 self.store.ack(queue_id, list(messages))

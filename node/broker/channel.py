@@ -17,7 +17,7 @@ from pamqp import commands as cmd
 from ..protocol.frames import encode_content, encode_deliver, shortstr
 from ..protocol.properties import PropertyView, with_reply_to
 from ..protocol.replies import AMQPError, ReplyCode, error
-from ..store import meta
+from ..protocol.tables import encode_table
 from .confirms import ConfirmTracker
 from .message import Entry, Message
 from .expiry import parse_expiration
@@ -202,7 +202,7 @@ class Channel:
     def _propose_binding(self, op: str, kind: str, source: str, destination: str, routing_key: str, m,
                          reply, nowait: bool = False) -> None:
         self._propose({"op": op, "kind": kind, "source": source, "destination": destination,
-                       "routing_key": routing_key, "arguments": meta.encode_table(m.arguments or {}),
+                       "routing_key": routing_key, "arguments": encode_table(m.arguments or {}),
                        "owner": self.session.key}, m, lambda _r: reply, nowait)
 
     def _reply_durable(self, method, nowait: bool = False) -> None:
@@ -276,7 +276,7 @@ class Channel:
             return
         self._propose({"op": "exchange.declare", "name": m.exchange, "type": m.exchange_type,
                        "durable": m.durable, "auto_delete": m.auto_delete, "internal": m.internal,
-                       "arguments": meta.encode_table(m.arguments or {})}, m,
+                       "arguments": encode_table(m.arguments or {})}, m,
                       lambda _r: cmd.Exchange.DeclareOk(), m.nowait)
 
     def _exchange_delete(self, m) -> None:
@@ -332,7 +332,7 @@ class Channel:
             if name.startswith("amq.") and not server_named and m.queue:
                 raise error(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", m)
             self._propose({"op": "queue.declare", "name": name, "durable": m.durable, "exclusive": m.exclusive,
-                           "auto_delete": m.auto_delete, "arguments": meta.encode_table(m.arguments or {}),
+                           "auto_delete": m.auto_delete, "arguments": encode_table(m.arguments or {}),
                            "owner": self.session.key if m.exclusive else None,
                            "home": self.session.broker.cluster.name}, m,
                           lambda _r: self._declared(name, m.nowait), m.nowait)
