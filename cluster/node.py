@@ -14,7 +14,9 @@ import structlog
 
 from pathlib import Path
 
+from node.broker.commands import Command, NodeRestarted, NodeStopping
 from node.protocol.replies import AMQPError, ReplyCode
+from node.tasks import TaskGroup
 
 from . import transport
 from .control import Control
@@ -61,6 +63,8 @@ class ClusterNode:
         self.on_removed: Callable[[str], None] | None = None   # set by the node: stop with this reason
         self.replies = ReplyForwarder(self.membership)
         self._server: grpc.aio.Server | None = None
+        self.tasks = TaskGroup(f"cluster node {name}")   # proposals in flight, pause/resume transitions
+        self.metadata.tasks = self.tasks
         self._transition: asyncio.Task | None = None
         self._announced = False
         broker.cluster = self
@@ -68,7 +72,7 @@ class ClusterNode:
     def leader_name(self) -> str | None:
         return self.raft.leader
 
-    def submit(self, command: dict, callback, *args, forward_if_deposed: bool = True) -> None:
+    def submit(self, command: Command, callback, *args, forward_if_deposed: bool = True) -> None:
         """propose() for callers without a loop of their own: callback(result, error, *args)."""
         async def run():
             try:
@@ -77,14 +81,14 @@ class ClusterNode:
                 callback(None, err, *args)
             else:
                 callback(result, None, *args)
-        asyncio.ensure_future(run())
+        self.tasks.spawn(run())
 
-    async def propose(self, command: dict, forward_if_deposed: bool = True):
+    async def propose(self, command: Command, forward_if_deposed: bool = True):
         """Commit a metadata change cluster-wide; the result of applying it here (or its AMQP error).
         forward_if_deposed=False: a decision this node took as the leader is dropped if it stops
         being the leader before the entry commits (its view may be stale)."""
         try:
-            result = await self.raft.propose(command, forward_if_deposed)
+            result = await self.raft.propose(command.to_json(), forward_if_deposed)
         except (NotLeader, asyncio.TimeoutError, grpc.aio.AioRpcError) as exc:
             raise AMQPError(ReplyCode.CONNECTION_FORCED,
                             f"cluster metadata not available: {exc or 'timeout'}") from None
@@ -109,15 +113,14 @@ class ClusterNode:
     async def stop(self) -> None:
         if self._announced and self.membership.has_majority:
             try:     # ha-promote-on-shutdown applies to the queues this node masters
-                await asyncio.wait_for(self.raft.propose({"op": "node.stopping", "node": self.name}), 1.0)
+                await asyncio.wait_for(self.raft.propose(NodeStopping(self.name).to_json()), 1.0)
             except Exception:  # noqa: BLE001 - shutting down regardless
                 pass
         await self.mirroring.stop()
         await self.replies.stop()
         await self.raft.stop()
         await self.membership.stop()
-        if self._transition is not None:
-            self._transition.cancel()
+        await self.tasks.close()
         if self._server is not None:
             await self._server.stop(grace=0.5)
 
@@ -136,7 +139,7 @@ class ClusterNode:
     def _majority_changed(self, majority: bool) -> None:
         self.membership.paused = not majority
         previous = self._transition
-        self._transition = asyncio.ensure_future(self._apply(majority, previous))
+        self._transition = self.tasks.spawn(self._apply(majority, previous))
 
     async def _apply(self, majority: bool, previous) -> None:
         if previous is not None:
@@ -154,7 +157,7 @@ class ClusterNode:
         (its transient and exclusive queues), and this node has caught up with the log."""
         while True:
             try:
-                await self.raft.propose({"op": "node.restarted", "node": self.name})
+                await self.raft.propose(NodeRestarted(self.name).to_json())
                 self._announced = True
                 dropped = self.metadata.discard_unclaimed()
                 if dropped:

@@ -35,6 +35,8 @@ from typing import Callable
 import grpc
 import structlog
 
+from node.tasks import TaskGroup
+
 from .rpc import cluster_pb2 as pb
 
 HEARTBEAT = 0.15
@@ -128,7 +130,7 @@ class Raft:
         self._voted_at = 0.0             # when this node last granted its vote to another
         self._waiters: dict[int, asyncio.Future] = {}
         self._io = asyncio.Lock()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks = TaskGroup(f"raft {name}")     # the consensus loop, one replication loop per follower
         self._replicating: set[str] = set()
         self.told_commit: dict[str, int] = {}   # per follower: commit index it has applied (acknowledged)
 
@@ -136,12 +138,10 @@ class Raft:
     async def start(self) -> None:
         if not self.membership.peers:        # a cluster of one commits on its own
             await self._become_leader()
-        self._tasks.append(asyncio.create_task(self._run()))
+        self._tasks.spawn(self._run())
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
 
     @property
     def term(self) -> int:
@@ -189,7 +189,7 @@ class Raft:
         for peer in list(self.membership.peers.values()):
             if peer.name not in self._replicating:
                 self._replicating.add(peer.name)
-                asyncio.ensure_future(self._replicate(peer))
+                self._tasks.spawn(self._replicate(peer))
 
     def _stagger(self, dead: str) -> float:
         """This node's turn to stand when the leader died: 0.1 s apart by name among the members

@@ -19,6 +19,7 @@ from pamqp import encode
 
 from node.broker.message import Entry, Message
 from node.protocol.replies import AMQPError, ReplyCode
+from node.tasks import TaskGroup
 
 from .codec import message_from_pb, message_to_pb
 from .rpc import cluster_pb2 as pb
@@ -297,6 +298,7 @@ class RemoteQueue:
         self.peers = peers            # name -> Peer
         self.metadata = lambda: ()
         self.home_up = lambda _name: True
+        self.tasks = TaskGroup(f"remote queue {vhost}/{name}")   # the node's, set from the metadata log
         self.durable = durable
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
@@ -679,7 +681,7 @@ class RemoteQueue:
                 return
             answer(pick(json.loads(reply.result)), None)
 
-        asyncio.ensure_future(call())
+        self.tasks.spawn(call())
 
     # ---- failover (MIR-4, MIR-8) -------------------------------------------------------------
     def home_lost(self) -> None:

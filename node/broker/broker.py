@@ -9,6 +9,7 @@ from ..protocol.tables import decode_table, encode_table
 from ..store import meta
 from . import policy as policies
 from .auth import SHA256, Users, hash_password
+from .commands import QueueDelete
 from .exchange import Exchange, ExchangeType
 from .permissions import Access, Permission, vhost_refused
 from .reply_to import reply_token, token_node
@@ -321,8 +322,7 @@ class Broker(Persistence):
         if self.cluster is None:
             vhost.remove_queue(queue)
             return
-        self.cluster.submit({"op": "queue.delete", "vhost": vhost.name, "name": queue.name, "if_unused": False,
-                             "if_empty": False, "owner": getattr(queue.exclusive_owner, "key", None)},
+        self.cluster.submit(QueueDelete(vhost.name, queue.name, getattr(queue.exclusive_owner, "key", None)),
                             lambda *_: None)
 
     def new_queue_id(self) -> int:

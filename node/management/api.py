@@ -23,6 +23,7 @@ from aiohttp import web
 from pamqp import commands as spec
 
 from ..broker.broker import BrokerError
+from ..broker.commands import admin_method
 from ..broker.definitions import export_definitions
 from . import auth
 from . import serializers as js
@@ -228,8 +229,11 @@ class ManagementAPI:
                 return await self.cluster.control.broker_call({"method": method, "args": list(args)})
             except ControlError as exc:
                 raise bad_request(str(exc).split(" - ", 1)[-1]) from None
+        call = admin_method(self.broker, method)
+        if call is None:
+            raise bad_request(f"this node does not support '{method}'")
         try:
-            return getattr(self.broker, method)(*args)
+            return call(*args)
         except (BrokerError, ValueError, KeyError) as exc:
             raise bad_request(str(exc)) from None
 

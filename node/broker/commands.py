@@ -1,0 +1,195 @@
+"""Every metadata command, typed: what a node proposes to the cluster's log and applies from it.
+
+The broker speaks to the replicated metadata only in these dataclasses; the
+cluster's state machine (cluster/metadata.py) applies each through an
+explicit table keyed by its class. On the log a command is the JSON object
+it has always been, `{"op": "queue.declare", ...fields}`, so a node
+replaying a log written before these classes existed applies it unchanged;
+a field an old entry lacks takes its default here.
+
+Admin calls (users, vhosts, permissions, policies) reach the Broker only by
+a name in `ADMIN_CHANGES` or `ADMIN_READS`, never by any attribute a request names.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class Command:
+    op: ClassVar[str] = ""
+
+    def to_json(self) -> dict:
+        return {"op": self.op, **dataclasses.asdict(self)}
+
+    def fields(self) -> dict:
+        """The command as the mirroring code reads it: its log form."""
+        return self.to_json()
+
+
+@dataclass(frozen=True)
+class Noop(Command):
+    """A new Raft leader's first entry (it commits the entries of earlier terms)."""
+    op: ClassVar[str] = "noop"
+    leader: str = ""
+
+
+@dataclass(frozen=True)
+class ExchangeDeclare(Command):
+    op: ClassVar[str] = "exchange.declare"
+    vhost: str
+    name: str
+    type: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: str               # node.protocol.tables.encode_table
+    method_index: int = 0        # the AMQP method that proposed it: the class/method ids of its errors
+
+
+@dataclass(frozen=True)
+class ExchangeDelete(Command):
+    op: ClassVar[str] = "exchange.delete"
+    vhost: str
+    name: str
+    if_unused: bool
+    method_index: int = 0
+
+
+@dataclass(frozen=True)
+class Bind(Command):
+    """queue.bind or exchange.bind (kind "queue" or "exchange")."""
+    op: ClassVar[str] = "bind"
+    vhost: str
+    kind: str
+    source: str
+    destination: str
+    routing_key: str
+    arguments: str
+    owner: str | None = None     # the proposing connection's key (exclusive queues)
+    method_index: int = 0
+
+
+@dataclass(frozen=True)
+class Unbind(Bind):
+    op: ClassVar[str] = "unbind"
+
+
+@dataclass(frozen=True)
+class QueueDeclare(Command):
+    op: ClassVar[str] = "queue.declare"
+    vhost: str
+    name: str
+    durable: bool
+    exclusive: bool
+    auto_delete: bool
+    arguments: str
+    home: str                    # the node that masters it: the declaring client's
+    owner: str | None = None
+    method_index: int = 0
+
+
+@dataclass(frozen=True)
+class QueueDelete(Command):
+    """Unconditional once on the log: its preconditions are checked by the proposer, once."""
+    op: ClassVar[str] = "queue.delete"
+    vhost: str
+    name: str
+    owner: str | None = None
+    if_unused: bool = False
+    if_empty: bool = False
+    method_index: int = 0
+
+
+@dataclass(frozen=True)
+class NodeRestarted(Command):
+    op: ClassVar[str] = "node.restarted"
+    node: str
+
+
+@dataclass(frozen=True)
+class NodeStopping(Command):
+    op: ClassVar[str] = "node.stopping"
+    node: str
+
+
+@dataclass(frozen=True)
+class MemberForget(Command):
+    op: ClassVar[str] = "member.forget"
+    node: str
+
+
+@dataclass(frozen=True)
+class QueuePromote(Command):
+    op: ClassVar[str] = "queue.promote"
+    vhost: str
+    name: str
+    home: str
+    epoch: int
+    from_epoch: int
+    shutdown: bool = False
+
+
+@dataclass(frozen=True)
+class QueueMirrorSynced(Command):
+    op: ClassVar[str] = "queue.mirror_synced"
+    vhost: str
+    name: str
+    node: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class QueueMirrorDropped(Command):
+    op: ClassVar[str] = "queue.mirror_dropped"
+    vhost: str
+    name: str
+    node: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class BrokerCall(Command):
+    """An admin change applied on every member, in log order (see ADMIN_CALLS)."""
+    op: ClassVar[str] = "broker.call"
+    method: str
+    args: list = dataclasses.field(default_factory=list)
+
+
+COMMANDS: dict[str, type[Command]] = {cls.op: cls for cls in (
+    Noop, ExchangeDeclare, ExchangeDelete, Bind, Unbind, QueueDeclare, QueueDelete, NodeRestarted,
+    NodeStopping, MemberForget, QueuePromote, QueueMirrorSynced, QueueMirrorDropped, BrokerCall)}
+
+
+def from_json(data: dict) -> Command | None:
+    """A log entry as its command; None for an op this version does not know (it is skipped,
+    as it always was). An entry naming a field the command lacks is refused loudly."""
+    cls = COMMANDS.get(data.get("op"))
+    if cls is None:
+        return None
+    return cls(**{k: v for k, v in data.items() if k != "op"})
+
+
+# ---- admin calls ------------------------------------------------------------------------------
+# The Broker methods `haremq ctl` and the management API may run, by name. A change goes
+# through the metadata log (every member applies it); a read is answered by the node asked.
+ADMIN_CHANGES = frozenset({
+    "add_user", "delete_user", "change_password", "set_user_tags",
+    "add_vhost", "delete_vhost", "set_permissions", "clear_permissions",
+    "set_policy", "clear_policy", "import_definitions",
+    "set_vm_memory_high_watermark", "set_disk_free_limit",
+})
+ADMIN_READS = frozenset({
+    "list_users", "list_vhosts", "list_permissions", "list_policies", "export_definitions",
+    "resource_status",
+})
+
+
+def admin_method(broker, name: str, read: bool = False):
+    """The bound Broker method an admin call names, or None if it is no such call
+    (a read names a read, a change a change)."""
+    if name not in (ADMIN_READS if read else ADMIN_CHANGES):
+        return None
+    return getattr(broker, name, None)
