@@ -15,8 +15,9 @@ import structlog
 from node.broker import commands as C
 from node.broker.exchange import Exchange
 from node.broker.message import Entry
+from node.broker.metadata import bind, declare_exchange, delete_exchange, owner_of, vhost_of
+from node.broker.metadata import method_of as _method
 from node.protocol.replies import AMQPError, ReplyCode
-from node.protocol.tables import decode_table
 
 from .remote_queue import RemoteQueue, fingerprint, hand_over
 
@@ -32,13 +33,6 @@ def raise_result(result) -> dict:
         err = AMQPError(ReplyCode(code), text.split(" - ", 1)[-1], class_id, method_id)
         raise err
     return result
-
-
-class _Owner:
-    """An exclusive queue's owner as the cluster knows it: a connection key."""
-
-    def __init__(self, key: str):
-        self.key = key
 
 
 class MetadataMachine:
@@ -66,58 +60,32 @@ class MetadataMachine:
             return error_result(err)
 
     def _vhost(self, c):
-        return self._vhost_named(c["vhost"])
+        return vhost_of(self.broker, c["vhost"])
 
     def _vhost_named(self, name: str):
-        vhost = self.broker.vhosts.get(name)
-        if vhost is None:
-            raise AMQPError(ReplyCode.NOT_FOUND, f"no vhost '{name}'")
-        return vhost
+        return vhost_of(self.broker, name)
 
     def _owner(self, key: str | None):
-        if not key:
-            return None
-        return self.broker.sessions_by_key.get(key) or _Owner(key)
+        return owner_of(self.broker, key)
 
     # ---- entries ---------------------------------------------------------------------------
     def _noop(self, index, c):
         return None
 
     def _exchange_declare(self, index, c):
-        self._vhost_named(c.vhost).declare_exchange(c.name, c.type, False, c.durable, c.auto_delete,
-                                        c.internal, decode_table(c.arguments), _method(c.method_index))
-        return {}
+        return declare_exchange(self.broker, c)
 
     def _exchange_delete(self, index, c):
-        self._vhost_named(c.vhost).delete_exchange(c.name, c.if_unused, _method(c.method_index))
-        return {}
+        return delete_exchange(self.broker, c)
 
     def _bind(self, index, c):
-        vhost = self._vhost_named(c.vhost)
-        args = decode_table(c.arguments)
-        if c.kind == "queue":
-            queue = vhost.queue(c.destination, self._owner(c.owner), _method(c.method_index))
-            vhost.bind_queue(queue, c.source, c.routing_key, args, _method(c.method_index))
-        else:
-            vhost.bind_exchange(c.destination, c.source, c.routing_key, args, _method(c.method_index))
-        return {}
-
-    def _unbind(self, index, c):
-        vhost = self._vhost_named(c.vhost)
-        args = decode_table(c.arguments)
-        if c.kind == "queue":
-            if c.destination in vhost.queues and c.source in vhost.exchanges:
-                queue = vhost.queue(c.destination, self._owner(c.owner), _method(c.method_index))
-                vhost.unbind_queue(queue, c.source, c.routing_key, args, _method(c.method_index))
-        else:
-            vhost.unbind_exchange(c.destination, c.source, c.routing_key, args, _method(c.method_index))
-        return {}
+        return bind(self.broker, c)
 
     def _queue_declare(self, index, c):
         vhost = self._vhost_named(c.vhost)
         owner = self._owner(c.owner)
         name = c.name
-        arguments = decode_table(c.arguments)
+        arguments = c.arguments
         existing = vhost.queues.get(name)
         if existing is not None:
             queue = vhost.declare_queue(name, False, c.durable, c.exclusive, c.auto_delete, arguments,
@@ -330,16 +298,6 @@ class MetadataMachine:
         return result
 
 
-def _method(index: int):
-    """A stand-in carrying the class/method ids of the AMQP method that proposed the entry."""
-
-    class M:
-        pass
-    m = M()
-    m.index = index
-    return m
-
-
 def _jsonable(value):
     from .control import _jsonable as convert
     return convert(value)
@@ -354,7 +312,7 @@ APPLY = {
     C.ExchangeDeclare: MetadataMachine._exchange_declare,
     C.ExchangeDelete: MetadataMachine._exchange_delete,
     C.Bind: MetadataMachine._bind,
-    C.Unbind: MetadataMachine._unbind,
+    C.Unbind: MetadataMachine._bind,
     C.QueueDeclare: MetadataMachine._queue_declare,
     C.QueueDelete: MetadataMachine._queue_delete,
     C.NodeRestarted: MetadataMachine._node_restarted,

@@ -21,7 +21,8 @@ from node.tasks import TaskGroup
 from . import transport
 from .control import Control
 from .metadata import MetadataMachine, raise_result
-from .raft import NotLeader, Raft, RaftStorage
+from .raft import NotLeader, Raft
+from .raft_storage import RaftStorage
 from .membership import CHANNEL_OPTIONS, Membership
 from .reply_to import ReplyForwarder
 from .mirroring import Mirroring
@@ -68,15 +69,19 @@ class ClusterNode:
         self._transition: asyncio.Task | None = None
         self._announced = False
         broker.cluster = self
+        broker.metadata = self
 
     def leader_name(self) -> str | None:
         return self.raft.leader
 
     def submit(self, command: Command, callback, *args, forward_if_deposed: bool = True) -> None:
-        """propose() for callers without a loop of their own: callback(result, error, *args)."""
+        """propose() for callers without a loop of their own: callback(result, error, *args).
+        The command is encoded here, at once: one that cannot be is the caller's error."""
+        entry = command.to_json()
+
         async def run():
             try:
-                result = await self.propose(command, forward_if_deposed)
+                result = await self._propose(entry, forward_if_deposed)
             except AMQPError as err:
                 callback(None, err, *args)
             else:
@@ -87,8 +92,11 @@ class ClusterNode:
         """Commit a metadata change cluster-wide; the result of applying it here (or its AMQP error).
         forward_if_deposed=False: a decision this node took as the leader is dropped if it stops
         being the leader before the entry commits (its view may be stale)."""
+        return await self._propose(command.to_json(), forward_if_deposed)
+
+    async def _propose(self, entry: dict, forward_if_deposed: bool):
         try:
-            result = await self.raft.propose(command.to_json(), forward_if_deposed)
+            result = await self.raft.propose(entry, forward_if_deposed)
         except (NotLeader, asyncio.TimeoutError, grpc.aio.AioRpcError) as exc:
             raise AMQPError(ReplyCode.CONNECTION_FORCED,
                             f"cluster metadata not available: {exc or 'timeout'}") from None

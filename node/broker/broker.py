@@ -12,6 +12,8 @@ from .auth import SHA256, Users, hash_password
 from .commands import QueueDelete
 from .exchange import Exchange, ExchangeType
 from .permissions import Access, Permission, vhost_refused
+from .metadata import LocalMetadata
+from .ports import MetadataPort
 from .reply_to import reply_token, token_node
 from .vhost import Persistence, VHost, is_durable, server_name
 
@@ -32,7 +34,8 @@ class Broker(Persistence):
         self.permissions: dict[tuple[str, str], Permission] = {("guest", "/"): Permission(".*", ".*", ".*")}
         self.sessions: set = set()
         self.sessions_by_key: dict = {}
-        self.cluster = None          # cluster.node.ClusterNode when clustered
+        self.cluster = None          # cluster.node.ClusterNode when clustered (management, alarms)
+        self.metadata: MetadataPort = LocalMetadata(self)   # the ClusterNode too, when clustered
         self._reply_to: dict[str, object] = {}
         self.alarms: set[str] = set()          # this node's own
         self.peer_alarms: dict[str, frozenset] = {}   # other members' own, as they last reported them
@@ -309,9 +312,9 @@ class Broker(Persistence):
         if self.deliver_reply_here(routing_key, message):
             return True
         node = token_node(routing_key)
-        if self.cluster is None or node is None or node == self.node_name:
+        if node is None or node == self.node_name:
             return False
-        return self.cluster.forward_reply(node, routing_key, message)
+        return self.metadata.forward_reply(node, routing_key, message)
 
     # ---- persistence (durable metadata) -------------------------------------------------
     def changed(self) -> None:
@@ -319,11 +322,8 @@ class Broker(Persistence):
             self.store.save_meta(self._snapshot)
 
     def queue_unused(self, vhost: VHost, queue) -> None:
-        if self.cluster is None:
-            vhost.remove_queue(queue)
-            return
-        self.cluster.submit(QueueDelete(vhost.name, queue.name, getattr(queue.exclusive_owner, "key", None)),
-                            lambda *_: None)
+        self.metadata.submit(QueueDelete(vhost.name, queue.name, getattr(queue.exclusive_owner, "key", None)),
+                             lambda *_: None)
 
     def new_queue_id(self) -> int:
         queue_id = self.next_queue_id

@@ -21,7 +21,6 @@ from pamqp import commands as cmd
 
 from ..protocol.frames import encode_deliver
 from ..protocol.replies import AMQPError, ReplyCode, error
-from ..protocol.tables import encode_table
 from .channel_basic import BasicMethods, Unacked
 from .channel_confirm_tx import ConfirmTxMethods, Mode, RemoteWait
 from .channel_exchange import ExchangeMethods
@@ -163,10 +162,10 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
             self._send_cancels()
 
     def _propose(self, command: Command, reply, nowait: bool = False) -> None:
-        """Clustered: change metadata through the cluster's log; reply once it is applied here.
-        The channel holds its later frames until then, so its order is kept."""
+        """Change metadata through the broker's metadata port (node/broker/metadata.py); reply once
+        it is applied here. The channel holds its later frames until then, so its order is kept."""
         self.held = True
-        self.session.broker.cluster.submit(command, self._proposed, reply, nowait)
+        self.session.broker.metadata.submit(command, self._proposed, reply, nowait)
 
     def _proposed(self, result, err, reply, nowait: bool) -> None:
         if self.closed:
@@ -195,7 +194,7 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
 
     def _propose_binding(self, op: type[Bind], kind: str, source: str, destination: str, routing_key: str, m,
                          reply, nowait: bool = False) -> None:
-        self._propose(op(self.vhost.name, kind, source, destination, routing_key, encode_table(m.arguments or {}),
+        self._propose(op(self.vhost.name, kind, source, destination, routing_key, m.arguments or {},
                          self.session.key, m.index), lambda _r: reply, nowait)
 
     def _reply_durable(self, method, nowait: bool = False) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pamqp import commands as cmd
 
 from ..protocol.replies import AMQPError, ReplyCode, error
-from ..protocol.tables import encode_table
 from .channel_exchange import as_text
 from .commands import Bind, QueueDeclare, QueueDelete, Unbind
 from .permissions import CONFIGURE, READ, WRITE
@@ -31,17 +30,16 @@ class QueueMethods:
                 if dlx is not None:
                     access.check(WRITE, "exchange", as_text(dlx), m)
                     access.check(READ, "queue", name, m)
-        if not m.passive and self.session.broker.cluster is not None:
             name = name or server_name("amq.gen-")
             if name.startswith("amq.") and not server_named and m.queue:
                 raise error(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", m)
             self._propose(QueueDeclare(self.vhost.name, name, m.durable, m.exclusive, m.auto_delete,
-                                       encode_table(m.arguments or {}), self.session.broker.cluster.name,
+                                       m.arguments or {}, self.session.broker.metadata.name,
                                        self.session.key if m.exclusive else None, m.index),
                           lambda _r: self._declared(name, m.nowait), m.nowait)
             return
-        queue = self.vhost.declare_queue(name, m.passive, m.durable, m.exclusive, m.auto_delete,
-                                         m.arguments, self.session, m, server_named=server_named)
+        queue = self.vhost.declare_queue(name, True, m.durable, m.exclusive, m.auto_delete,
+                                         m.arguments, self.session, m)
         if queue.remote:    # homed on another node: its counts come from there
             self.last_queue = queue.name
             self.held = True
@@ -54,8 +52,10 @@ class QueueMethods:
                              m.nowait)
 
     def _declared(self, name: str, nowait: bool = False):
-        """declare-ok for a queue the cluster has just declared (None: it comes from the home node)."""
-        queue = self.vhost.queues[name]
+        """declare-ok for a queue just declared (None: it comes from the home node)."""
+        queue = self.vhost.queues.get(name)
+        if queue is None:       # deleted (by another connection) as soon as it was declared
+            return cmd.Queue.DeclareOk(name, 0, 0)
         if queue.remote:
             self.last_queue = name
             queue.stats_from(lambda counts, err: self._remote_declared(name, counts, err, nowait))
@@ -69,12 +69,7 @@ class QueueMethods:
         self._check_queue_binding(m)
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
         routing_key = m.routing_key if (m.routing_key or m.queue) else queue.name
-        if self.session.broker.cluster is not None:
-            self._propose_binding(Bind, "queue", m.exchange, queue.name, routing_key, m, cmd.Queue.BindOk(),
-                                  m.nowait)
-            return
-        self.vhost.bind_queue(queue, m.exchange, routing_key, m.arguments, m)
-        self._reply_durable(cmd.Queue.BindOk(), m.nowait)
+        self._propose_binding(Bind, "queue", m.exchange, queue.name, routing_key, m, cmd.Queue.BindOk(), m.nowait)
 
     def _check_queue_binding(self, m) -> None:
         access = self.session.access
@@ -86,13 +81,7 @@ class QueueMethods:
     def _queue_unbind(self, m) -> None:
         self._check_queue_binding(m)
         name = self._queue_name(m.queue, m)
-        if self.session.broker.cluster is not None:
-            self._propose_binding(Unbind, "queue", m.exchange, name, m.routing_key, m, cmd.Queue.UnbindOk())
-            return
-        if name in self.vhost.queues and m.exchange in self.vhost.exchanges:   # unbinding nothing is fine
-            queue = self.vhost.queue(name, self.session, m)
-            self.vhost.unbind_queue(queue, m.exchange, m.routing_key, m.arguments, m)
-        self._reply_durable(cmd.Queue.UnbindOk())
+        self._propose_binding(Unbind, "queue", m.exchange, name, m.routing_key, m, cmd.Queue.UnbindOk())
 
     def _queue_purge(self, m) -> None:
         self.session.access.check(READ, "queue", self._queue_name(m.queue, m), m)
@@ -122,22 +111,17 @@ class QueueMethods:
     def _queue_delete(self, m) -> None:
         self.session.access.check(CONFIGURE, "queue", self._queue_name(m.queue, m), m)
         self.cancels_after_reply = []
-        if self.session.broker.cluster is not None:
-            queue = self.vhost.queues.get(self._queue_name(m.queue, m))
-            if queue is not None and queue.remote:    # its counts come from its home node
-                self.held = True
-                queue.stats_from(lambda counts, err: self._propose_delete(queue, m, counts, err))
-            else:
-                counts = (queue.message_count, queue.consumer_count) if queue is not None else (0, 0)
-                self._propose_delete(queue, m, counts, None)
-            return
-        count = self.vhost.delete_queue(self._queue_name(m.queue, m), m.if_unused, m.if_empty,
-                                        self.session, m)
-        self._reply_durable(cmd.Queue.DeleteOk(count), m.nowait)
+        queue = self.vhost.queues.get(self._queue_name(m.queue, m))
+        if queue is not None and queue.remote:    # its counts come from its home node
+            self.held = True
+            queue.stats_from(lambda counts, err: self._propose_delete(queue, m, counts, err))
+        else:
+            counts = (queue.message_count, queue.consumer_count) if queue is not None else (0, 0)
+            self._propose_delete(queue, m, counts, None)
 
     def _propose_delete(self, queue, m, counts, err) -> None:
-        """Clustered queue.delete: the preconditions are checked here, once, against the home's
-        counts; every node then applies the same unconditional delete."""
+        """queue.delete: the preconditions are checked here, once, against the counts of the
+        queue's home; every node then applies the same unconditional delete."""
         if self.closed:
             return
         try:

@@ -5,7 +5,10 @@ cluster's state machine (cluster/metadata.py) applies each through an
 explicit table keyed by its class. On the log a command is the JSON object
 it has always been, `{"op": "queue.declare", ...fields}`, so a node
 replaying a log written before these classes existed applies it unchanged;
-a field an old entry lacks takes its default here.
+a field an old entry lacks takes its default here. Argument tables are AMQP
+field tables in a command and their wire encoding (base64) on the log: only
+a command that goes to the log is encoded, so a single node applies the
+client's table as it came.
 
 Admin calls (users, vhosts, permissions, policies) reach the Broker only by
 a name in `ADMIN_CHANGES` or `ADMIN_READS`, never by any attribute a request names.
@@ -16,13 +19,18 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..protocol.tables import decode_table, encode_table
+
 
 @dataclass(frozen=True)
 class Command:
     op: ClassVar[str] = ""
 
     def to_json(self) -> dict:
-        return {"op": self.op, **dataclasses.asdict(self)}
+        data = {"op": self.op, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+        if "arguments" in data:
+            data["arguments"] = encode_table(data["arguments"])
+        return data
 
     def fields(self) -> dict:
         """The command as the mirroring code reads it: its log form."""
@@ -45,7 +53,7 @@ class ExchangeDeclare(Command):
     durable: bool
     auto_delete: bool
     internal: bool
-    arguments: str               # node.protocol.tables.encode_table
+    arguments: dict              # the AMQP table (encode_table'd on the log)
     method_index: int = 0        # the AMQP method that proposed it: the class/method ids of its errors
 
 
@@ -67,7 +75,7 @@ class Bind(Command):
     source: str
     destination: str
     routing_key: str
-    arguments: str
+    arguments: dict
     owner: str | None = None     # the proposing connection's key (exclusive queues)
     method_index: int = 0
 
@@ -85,7 +93,7 @@ class QueueDeclare(Command):
     durable: bool
     exclusive: bool
     auto_delete: bool
-    arguments: str
+    arguments: dict
     home: str                    # the node that masters it: the declaring client's
     owner: str | None = None
     method_index: int = 0
@@ -104,21 +112,25 @@ class QueueDelete(Command):
 
 
 @dataclass(frozen=True)
-class NodeRestarted(Command):
+class NodeEvent(Command):
+    node: str
+
+
+@dataclass(frozen=True)
+class NodeRestarted(NodeEvent):
     op: ClassVar[str] = "node.restarted"
-    node: str
 
 
 @dataclass(frozen=True)
-class NodeStopping(Command):
+class NodeStopping(NodeEvent):
+    """ha-promote-on-shutdown decides for the queues it masters."""
     op: ClassVar[str] = "node.stopping"
-    node: str
 
 
 @dataclass(frozen=True)
-class MemberForget(Command):
+class MemberForget(NodeEvent):
+    """`haremq ctl forget-node`."""
     op: ClassVar[str] = "member.forget"
-    node: str
 
 
 @dataclass(frozen=True)
@@ -134,6 +146,7 @@ class QueuePromote(Command):
 
 @dataclass(frozen=True)
 class QueueMirrorSynced(Command):
+    """A mirror joins the queue's in-sync set (in the queue's epoch)."""
     op: ClassVar[str] = "queue.mirror_synced"
     vhost: str
     name: str
@@ -142,17 +155,14 @@ class QueueMirrorSynced(Command):
 
 
 @dataclass(frozen=True)
-class QueueMirrorDropped(Command):
+class QueueMirrorDropped(QueueMirrorSynced):
+    """A mirror leaves the in-sync set."""
     op: ClassVar[str] = "queue.mirror_dropped"
-    vhost: str
-    name: str
-    node: str
-    epoch: int
 
 
 @dataclass(frozen=True)
 class BrokerCall(Command):
-    """An admin change applied on every member, in log order (see ADMIN_CALLS)."""
+    """An admin change applied on every member, in log order (see ADMIN_CHANGES)."""
     op: ClassVar[str] = "broker.call"
     method: str
     args: list = dataclasses.field(default_factory=list)
@@ -169,7 +179,10 @@ def from_json(data: dict) -> Command | None:
     cls = COMMANDS.get(data.get("op"))
     if cls is None:
         return None
-    return cls(**{k: v for k, v in data.items() if k != "op"})
+    fields = {k: v for k, v in data.items() if k != "op"}
+    if "arguments" in fields:
+        fields["arguments"] = decode_table(fields["arguments"])
+    return cls(**fields)
 
 
 # ---- admin calls ------------------------------------------------------------------------------

@@ -276,13 +276,9 @@ class Session:
         self.channels.clear()
         for channel in channels:
             channel.teardown()
-        cluster = self.broker.cluster
         for queue in list(self.exclusive_queues):
-            if self.vhost is not None and self.vhost.queues.get(queue.name) is queue:
-                if cluster is not None:     # every node drops its record of it
-                    cluster.submit(QueueDelete(self.vhost.name, queue.name, self.key), _ignore)
-                else:
-                    self.vhost.remove_queue(queue)
+            if self.vhost is not None and self.vhost.queues.get(queue.name) is queue:   # every node drops it
+                self.broker.metadata.submit(QueueDelete(self.vhost.name, queue.name, self.key), _ignore)
         self.exclusive_queues.clear()
         self._confirm_channels.clear()
 
