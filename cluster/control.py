@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from node.broker.commands import BrokerCall, MemberForget, admin_method
+from node.broker.commands import AdminCallError, BrokerCall, MemberForget, admin_method
 from node.protocol.replies import AMQPError
 
 from .rpc import cluster_pb2 as pb
@@ -20,7 +20,7 @@ from .rpc import cluster_pb2 as pb
 FEATURES = ["replicated-metadata", "remote-queues", "pause-minority", "mirrored-queues"]
 
 
-class ControlError(Exception):
+class ControlError(AdminCallError):
     """A command failed for a reason the operator should read."""
 
 

@@ -186,6 +186,10 @@ def from_json(data: dict) -> Command | None:
 
 
 # ---- admin calls ------------------------------------------------------------------------------
+class AdminCallError(Exception):
+    """An admin call a node refused (cluster.control.ControlError is one), in one line."""
+
+
 # The Broker methods `haremq ctl` and the management API may run, by name. A change goes
 # through the metadata log (every member applies it); a read is answered by the node asked.
 ADMIN_CHANGES = frozenset({
