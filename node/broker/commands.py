@@ -24,7 +24,12 @@ from ..protocol.tables import decode_table, encode_table
 
 @dataclass(frozen=True)
 class Command:
-    op: ClassVar[str] = ""
+    op: ClassVar[str] = ""      # its name on the log, given as `class X(Command, op="...")`
+
+    def __init_subclass__(cls, op: str = "", **kwargs):
+        super().__init_subclass__(**kwargs)
+        if op:
+            cls.op = op
 
     def to_json(self) -> dict:
         data = {"op": self.op, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
@@ -38,15 +43,13 @@ class Command:
 
 
 @dataclass(frozen=True)
-class Noop(Command):
+class Noop(Command, op="noop"):
     """A new Raft leader's first entry (it commits the entries of earlier terms)."""
-    op: ClassVar[str] = "noop"
     leader: str = ""
 
 
 @dataclass(frozen=True)
-class ExchangeDeclare(Command):
-    op: ClassVar[str] = "exchange.declare"
+class ExchangeDeclare(Command, op="exchange.declare"):
     vhost: str
     name: str
     type: str
@@ -58,8 +61,7 @@ class ExchangeDeclare(Command):
 
 
 @dataclass(frozen=True)
-class ExchangeDelete(Command):
-    op: ClassVar[str] = "exchange.delete"
+class ExchangeDelete(Command, op="exchange.delete"):
     vhost: str
     name: str
     if_unused: bool
@@ -67,9 +69,8 @@ class ExchangeDelete(Command):
 
 
 @dataclass(frozen=True)
-class Bind(Command):
+class Bind(Command, op="bind"):
     """queue.bind or exchange.bind (kind "queue" or "exchange")."""
-    op: ClassVar[str] = "bind"
     vhost: str
     kind: str
     source: str
@@ -80,14 +81,12 @@ class Bind(Command):
     method_index: int = 0
 
 
-@dataclass(frozen=True)
-class Unbind(Bind):
-    op: ClassVar[str] = "unbind"
+class Unbind(Bind, op="unbind"):
+    """queue.unbind or exchange.unbind: unbinding nothing is fine."""
 
 
 @dataclass(frozen=True)
-class QueueDeclare(Command):
-    op: ClassVar[str] = "queue.declare"
+class QueueDeclare(Command, op="queue.declare"):
     vhost: str
     name: str
     durable: bool
@@ -100,9 +99,8 @@ class QueueDeclare(Command):
 
 
 @dataclass(frozen=True)
-class QueueDelete(Command):
+class QueueDelete(Command, op="queue.delete"):
     """Unconditional once on the log: its preconditions are checked by the proposer, once."""
-    op: ClassVar[str] = "queue.delete"
     vhost: str
     name: str
     owner: str | None = None
@@ -116,26 +114,20 @@ class NodeEvent(Command):
     node: str
 
 
-@dataclass(frozen=True)
-class NodeRestarted(NodeEvent):
-    op: ClassVar[str] = "node.restarted"
+class NodeRestarted(NodeEvent, op="node.restarted"):
+    """A node came back: what did not survive its restart goes."""
 
 
-@dataclass(frozen=True)
-class NodeStopping(NodeEvent):
+class NodeStopping(NodeEvent, op="node.stopping"):
     """ha-promote-on-shutdown decides for the queues it masters."""
-    op: ClassVar[str] = "node.stopping"
 
 
-@dataclass(frozen=True)
-class MemberForget(NodeEvent):
+class MemberForget(NodeEvent, op="member.forget"):
     """`haremq ctl forget-node`."""
-    op: ClassVar[str] = "member.forget"
 
 
 @dataclass(frozen=True)
-class QueuePromote(Command):
-    op: ClassVar[str] = "queue.promote"
+class QueuePromote(Command, op="queue.promote"):
     vhost: str
     name: str
     home: str
@@ -145,25 +137,21 @@ class QueuePromote(Command):
 
 
 @dataclass(frozen=True)
-class QueueMirrorSynced(Command):
+class QueueMirrorSynced(Command, op="queue.mirror_synced"):
     """A mirror joins the queue's in-sync set (in the queue's epoch)."""
-    op: ClassVar[str] = "queue.mirror_synced"
     vhost: str
     name: str
     node: str
     epoch: int
 
 
-@dataclass(frozen=True)
-class QueueMirrorDropped(QueueMirrorSynced):
+class QueueMirrorDropped(QueueMirrorSynced, op="queue.mirror_dropped"):
     """A mirror leaves the in-sync set."""
-    op: ClassVar[str] = "queue.mirror_dropped"
 
 
 @dataclass(frozen=True)
-class BrokerCall(Command):
+class BrokerCall(Command, op="broker.call"):
     """An admin change applied on every member, in log order (see ADMIN_CHANGES)."""
-    op: ClassVar[str] = "broker.call"
     method: str
     args: list = dataclasses.field(default_factory=list)
 
