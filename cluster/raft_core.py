@@ -4,7 +4,7 @@ Everything here is a function of its arguments: no sockets, no tasks, no files,
 and no clock of its own (the time is an argument). cluster/raft.py is the
 shell around it: it holds the state, persists term, vote and log (fsynced off
 the loop) before it answers, talks gRPC to its peers and runs the timers; it
-asks this module every question the consensus rules answer, so these rules
+asks this module what the consensus rules decide, so those rules
 can be tested without a socket (tests/test_raft_core.py).
 
 Section numbers are the Raft paper's (Ongaro and Ousterhout, 2014) and, for
