@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from node.broker.commands import AdminCallError, BrokerCall, MemberForget, admin_method
 from node.protocol.replies import AMQPError
 
 from .rpc import cluster_pb2 as pb
@@ -19,7 +20,7 @@ from .rpc import cluster_pb2 as pb
 FEATURES = ["replicated-metadata", "remote-queues", "pause-minority", "mirrored-queues"]
 
 
-class ControlError(Exception):
+class ControlError(AdminCallError):
     """A command failed for a reason the operator should read."""
 
 
@@ -212,21 +213,20 @@ class Control:
         if self.node.membership.is_up(name):
             raise ControlError(f"'{name}' is up: stop it before it is forgotten")
         try:   # through the metadata log: every member, and any that restarts, forgets it
-            return await self.node.propose({"op": "member.forget", "node": name})
+            return await self.node.propose(MemberForget(name))
         except AMQPError as exc:
             raise ControlError(exc.text) from None
 
     async def broker_call(self, args: dict):
         """users, vhosts, permissions, policies: a Broker method applied on every member."""
-        method = getattr(self.broker, args["method"], None)
+        method = admin_method(self.broker, args["method"], bool(args.get("read")))
         if method is None:
             raise ControlError(f"this node does not support '{args['method']}'")
         if args.get("read"):
             return _jsonable(method(*args.get("args", [])))
         # a change: through the metadata log, so every member applies it in the same order
         try:
-            result = await self.node.propose({"op": "broker.call", "method": args["method"],
-                                              "args": args.get("args", [])})
+            result = await self.node.propose(BrokerCall(args["method"], list(args.get("args", []))))
         except AMQPError as exc:
             raise ControlError(exc.text) from None
         return result.get("result") if isinstance(result, dict) else result

@@ -27,6 +27,8 @@ from typing import Callable
 import grpc
 import structlog
 
+from node.tasks import TaskGroup
+
 from . import transport
 from .rpc import cluster_pb2 as pb
 from .rpc import cluster_pb2_grpc as pbg
@@ -106,7 +108,7 @@ class Membership:
         self.log = structlog.get_logger("haremq.cluster").bind(node=name)
         self.on_alarms: Callable[[str, frozenset], None] | None = None   # a member's alarms changed
         self.on_removed: Callable[[str], None] | None = None   # a member says we were forgotten
-        self._tasks: list[asyncio.Task] = []
+        self._tasks = TaskGroup(f"membership {name}")   # ping loops, the watch, name lookups
         self._closing: set[asyncio.Future] = set()
         self._last_check = time.monotonic()
         self._stalled_at = 0.0
@@ -127,17 +129,13 @@ class Membership:
             # a name that does not resolve yet is dialled as it is: gRPC resolves it meanwhile
             self._dial(peer, target or peer.address)
             peer.probe = asyncio.Event()
-            self._tasks.append(asyncio.create_task(self._ping_loop(peer)))
-        self._tasks.append(asyncio.create_task(self._watch()))
+            self._tasks.spawn(self._ping_loop(peer))
+        self._tasks.spawn(self._watch())
         self._evaluate()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()          # ping loops, the watch, name lookups
         for peer in self.peers.values():
-            if peer.resolving is not None:
-                peer.resolving.cancel()
             if peer.channel is not None:
                 await peer.channel.close()
         await asyncio.gather(*self._closing, return_exceptions=True)
@@ -175,9 +173,13 @@ class Membership:
         peer.target = target
         peer.dialled_at = time.monotonic()
         if old is not None:
-            closing = asyncio.ensure_future(old.close(grace=1.0))
-            self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
+            self._close_later(old.close(grace=1.0))
+
+    def _close_later(self, closing) -> None:
+        """A channel closing in the background: kept until it has, and awaited on stop."""
+        closing = asyncio.ensure_future(closing)
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     def _reresolve(self, peer: Peer) -> None:
         """Resolve the peer's name again (in the background, one lookup at a time) and dial the
@@ -203,7 +205,7 @@ class Membership:
             self._dial(peer, target)
             if peer.probe is not None:
                 peer.probe.set()            # ping it through the new channel now
-        peer.resolving = asyncio.ensure_future(run())
+        peer.resolving = self._tasks.spawn(run())
 
     def heard_from(self, name: str) -> None:
         """`name` pinged us: it is alive. If we cannot reach it, our channel is stale."""
@@ -231,7 +233,7 @@ class Membership:
         if peer is None:
             return False
         if peer.channel is not None:
-            asyncio.ensure_future(peer.channel.close())
+            self._close_later(peer.channel.close())
         self._evaluate()
         return True
 

@@ -12,10 +12,12 @@ import json
 
 import structlog
 
+from node.broker import commands as C
 from node.broker.exchange import Exchange
 from node.broker.message import Entry
+from node.broker.metadata import bind, declare_exchange, delete_exchange, owner_of, vhost_of
+from node.broker.metadata import method_of as _method
 from node.protocol.replies import AMQPError, ReplyCode
-from node.store import meta
 
 from .remote_queue import RemoteQueue, fingerprint, hand_over
 
@@ -33,13 +35,6 @@ def raise_result(result) -> dict:
     return result
 
 
-class _Owner:
-    """An exclusive queue's owner as the cluster knows it: a connection key."""
-
-    def __init__(self, key: str):
-        self.key = key
-
-
 class MetadataMachine:
     def __init__(self, node_name: str, broker, peers, call_metadata, is_up=lambda _n: True):
         self.node = node_name
@@ -53,87 +48,64 @@ class MetadataMachine:
         self.on_removed = None      # this node itself was forgotten
         self.recovered: dict[int, list] = {}
         self.mirroring = None       # cluster.mirroring.Mirroring
+        self.tasks = None           # node.tasks.TaskGroup of the node's cluster side: remote queues' calls
         self.log = structlog.get_logger("haremq.metadata").bind(node=node_name)
 
     def apply(self, index: int, command: bytes):
-        c = json.loads(command)
-        handler = getattr(self, "_" + c["op"].replace(".", "_"), None)
-        if handler is None:
+        c = C.from_json(json.loads(command))
+        if c is None:
             return None
         try:
-            return handler(index, c)
+            return APPLY[type(c)](self, index, c)
         except AMQPError as err:
             return error_result(err)
 
     def _vhost(self, c):
-        vhost = self.broker.vhosts.get(c["vhost"])
-        if vhost is None:
-            raise AMQPError(ReplyCode.NOT_FOUND, f"no vhost '{c['vhost']}'")
-        return vhost
+        return vhost_of(self.broker, c["vhost"])
+
+    def _vhost_named(self, name: str):
+        return vhost_of(self.broker, name)
 
     def _owner(self, key: str | None):
-        if not key:
-            return None
-        return self.broker.sessions_by_key.get(key) or _Owner(key)
+        return owner_of(self.broker, key)
 
     # ---- entries ---------------------------------------------------------------------------
     def _noop(self, index, c):
         return None
 
     def _exchange_declare(self, index, c):
-        self._vhost(c).declare_exchange(c["name"], c["type"], False, c["durable"], c["auto_delete"],
-                                        c["internal"], meta.decode_table(c["arguments"]), _method(c))
-        return {}
+        return declare_exchange(self.broker, c)
 
     def _exchange_delete(self, index, c):
-        self._vhost(c).delete_exchange(c["name"], c["if_unused"], _method(c))
-        return {}
+        return delete_exchange(self.broker, c)
 
     def _bind(self, index, c):
-        vhost = self._vhost(c)
-        args = meta.decode_table(c["arguments"])
-        if c["kind"] == "queue":
-            queue = vhost.queue(c["destination"], self._owner(c.get("owner")), _method(c))
-            vhost.bind_queue(queue, c["source"], c["routing_key"], args, _method(c))
-        else:
-            vhost.bind_exchange(c["destination"], c["source"], c["routing_key"], args, _method(c))
-        return {}
-
-    def _unbind(self, index, c):
-        vhost = self._vhost(c)
-        args = meta.decode_table(c["arguments"])
-        if c["kind"] == "queue":
-            if c["destination"] in vhost.queues and c["source"] in vhost.exchanges:
-                queue = vhost.queue(c["destination"], self._owner(c.get("owner")), _method(c))
-                vhost.unbind_queue(queue, c["source"], c["routing_key"], args, _method(c))
-        else:
-            vhost.unbind_exchange(c["destination"], c["source"], c["routing_key"], args, _method(c))
-        return {}
+        return bind(self.broker, c)
 
     def _queue_declare(self, index, c):
-        vhost = self._vhost(c)
-        owner = self._owner(c.get("owner"))
-        name = c["name"]
-        arguments = meta.decode_table(c["arguments"])
+        vhost = self._vhost_named(c.vhost)
+        owner = self._owner(c.owner)
+        name = c.name
+        arguments = c.arguments
         existing = vhost.queues.get(name)
         if existing is not None:
-            queue = vhost.declare_queue(name, False, c["durable"], c["exclusive"], c["auto_delete"], arguments,
-                                        owner, _method(c))
+            queue = vhost.declare_queue(name, False, c.durable, c.exclusive, c.auto_delete, arguments,
+                                        owner, _method(c.method_index))
             return {"queue": queue.name, "home": getattr(queue, "home", self.node)}
-        logged = c["durable"] and not c["exclusive"]
-        if c["home"] == self.node:
-            queue = vhost.declare_queue(name, False, c["durable"], c["exclusive"], c["auto_delete"], arguments,
-                                        owner, _method(c), store_id=index if logged else 0)
+        logged = c.durable and not c.exclusive
+        if c.home == self.node:
+            queue = vhost.declare_queue(name, False, c.durable, c.exclusive, c.auto_delete, arguments,
+                                        owner, _method(c.method_index), store_id=index if logged else 0)
             if logged and index in self.recovered:
                 queue.restore(self.recovered.pop(index))
         else:
-            vhost.validate_new_queue(name, arguments, c["durable"], c["exclusive"], c["auto_delete"], _method(c))
-            queue = self._remote_queue(vhost, name, c["home"], c["durable"], owner if c["exclusive"] else None,
-                                       c["auto_delete"], arguments)
+            vhost.validate_new_queue(name, arguments, c.durable, c.exclusive, c.auto_delete, _method(c.method_index))
+            queue = self._remote_queue(vhost, name, c.home, c.durable, owner if c.exclusive else None,
+                                       c.auto_delete, arguments)
             vhost.queues[name] = queue
         if self.mirroring is not None:
-            self.mirroring.declared(queue, c["home"], index if logged else 0)
-        return {"queue": name, "home": c["home"]}
+            self.mirroring.declared(queue, c.home, index if logged else 0)
+        return {"queue": name, "home": c.home}
 
     def _remote_queue(self, vhost, name, home, durable, owner, auto_delete, arguments) -> RemoteQueue:
         queue = RemoteQueue(name, vhost.name, home, self.peers, durable=durable, exclusive_owner=owner,
@@ -141,21 +113,22 @@ class MetadataMachine:
         queue.metadata = self.call_metadata
         queue.home_up = self.is_up
         queue.on_home_lost = self.on_home_lost
+        queue.tasks = self.tasks
         return queue
 
     def _queue_delete(self, index, c):
-        vhost = self._vhost(c)
-        queue = vhost.queues.get(c["name"])
+        vhost = self._vhost_named(c.vhost)
+        queue = vhost.queues.get(c.name)
         if queue is None:
             return {"message_count": 0}
         if isinstance(queue, RemoteQueue):
             vhost.remove_queue(queue)
             count = None
         else:
-            count = vhost.delete_queue(c["name"], c["if_unused"], c["if_empty"], self._owner(c.get("owner")),
-                                       _method(c))
+            count = vhost.delete_queue(c.name, c.if_unused, c.if_empty, self._owner(c.owner),
+                                       _method(c.method_index))
         if self.mirroring is not None:
-            self.mirroring.deleted(vhost.name, c["name"])
+            self.mirroring.deleted(vhost.name, c.name)
         return {"message_count": count}
 
     def _node_restarted(self, index, c):
@@ -165,37 +138,37 @@ class MetadataMachine:
         for vhost in self.broker.vhosts.values():
             for queue in list(vhost.queues.values()):
                 home = getattr(queue, "home", self.node)
-                if home != c["node"]:
+                if home != c.node:
                     continue
                 if not queue.durable or queue.exclusive_owner is not None:
                     if self.mirroring is not None:
                         self.mirroring.deleted(vhost.name, queue.name)
                     vhost.remove_queue(queue)
-                elif queue.remote and c["node"] != self.node:
+                elif queue.remote and c.node != self.node:
                     for consumer in queue.drop_orphans():
                         consumer.channel.consumer_cancelled_by_broker(consumer)
         if self.mirroring is not None:
-            self.mirroring.node_restarted(c["node"])
+            self.mirroring.node_restarted(c.node)
         return {}
 
     def _node_stopping(self, index, c):
         """A node is shutting down on purpose: ha-promote-on-shutdown decides for its queues."""
         if self.mirroring is not None:
-            self.mirroring.stopping.add(c["node"])
+            self.mirroring.stopping.add(c.node)
         return {}
 
     def _member_add(self, index, c):
         """A new member joined (cluster/discovery.py): every member starts pinging it and counts it
         in the majority from this entry on; the leader sends it the log from the start."""
         if self.on_add is not None:
-            self.on_add(c["node"], c["address"])
-        return {"added": c["node"]}
+            self.on_add(c.node, c.address)
+        return {"added": c.node}
 
     def _member_forget(self, index, c):
         """`haremq ctl forget-node`: the member leaves the cluster for good. As with RabbitMQ's
         forget_cluster_node, its queues go, except mirrored ones with a synchronised mirror,
         which fail over; mirrors it held are placed again on the members left."""
-        name = c["node"]
+        name = c.node
         if name == self.node:
             if self.on_removed is not None:
                 self.on_removed(None)
@@ -221,16 +194,16 @@ class MetadataMachine:
     def _queue_promote(self, index, c):
         if self.mirroring is None:
             return {}
-        return {"promoted": self.mirroring.promoted(c, self._become_master, self._become_remote)}
+        return {"promoted": self.mirroring.promoted(c.fields(), self._become_master, self._become_remote)}
 
     def _queue_mirror_synced(self, index, c):
         if self.mirroring is not None:
-            self.mirroring.mirror_synced(c)
+            self.mirroring.mirror_synced(c.fields())
         return {}
 
     def _queue_mirror_dropped(self, index, c):
         if self.mirroring is not None:
-            self.mirroring.mirror_dropped(c)
+            self.mirroring.mirror_dropped(c.fields())
         return {}
 
     def _become_master(self, state, old, contents) -> None:
@@ -323,27 +296,16 @@ class MetadataMachine:
         return count
 
     def _broker_call(self, index, c):
-        method = getattr(self.broker, c["method"], None)
+        method = C.admin_method(self.broker, c.method)
         if method is None:
-            return {"error": [540, f"NOT_IMPLEMENTED - {c['method']}", 0, 0]}
+            return {"error": [540, f"NOT_IMPLEMENTED - {c.method}", 0, 0]}
         try:
-            result = {"result": _jsonable(method(*c.get("args", [])))}
+            result = {"result": _jsonable(method(*c.args))}
         except (ValueError, KeyError, LookupError) as exc:
             return {"error": [406, f"PRECONDITION_FAILED - {exc}", 0, 0]}
-        if self.mirroring is not None and "polic" in c["method"]:
+        if self.mirroring is not None and "polic" in c.method:
             self.mirroring.policies_changed()
         return result
-
-
-def _method(c):
-    """A stand-in carrying the class/method ids of the AMQP method that proposed the entry."""
-    index = c.get("method_index", 0)
-
-    class M:
-        pass
-    m = M()
-    m.index = index
-    return m
 
 
 def _jsonable(value):
@@ -353,3 +315,22 @@ def _jsonable(value):
 
 def is_exchange(value) -> bool:
     return isinstance(value, Exchange)
+
+
+APPLY = {
+    C.Noop: MetadataMachine._noop,
+    C.ExchangeDeclare: MetadataMachine._exchange_declare,
+    C.ExchangeDelete: MetadataMachine._exchange_delete,
+    C.Bind: MetadataMachine._bind,
+    C.Unbind: MetadataMachine._bind,
+    C.QueueDeclare: MetadataMachine._queue_declare,
+    C.QueueDelete: MetadataMachine._queue_delete,
+    C.NodeRestarted: MetadataMachine._node_restarted,
+    C.NodeStopping: MetadataMachine._node_stopping,
+    C.MemberForget: MetadataMachine._member_forget,
+    C.MemberAdd: MetadataMachine._member_add,
+    C.QueuePromote: MetadataMachine._queue_promote,
+    C.QueueMirrorSynced: MetadataMachine._queue_mirror_synced,
+    C.QueueMirrorDropped: MetadataMachine._queue_mirror_dropped,
+    C.BrokerCall: MetadataMachine._broker_call,
+}

@@ -19,7 +19,7 @@ from collections import deque
 
 import structlog
 
-from .remote_queue import message_from_pb
+from .codec import message_from_pb
 from .rpc import cluster_pb2 as pb
 
 ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, pb.MirrorOp.REMOVE,

@@ -22,6 +22,7 @@ import time
 
 import structlog
 
+from node.broker.commands import Command, QueuePromote
 from node.broker.policy import winning
 
 from .ha import HAState, mirror_nodes
@@ -72,7 +73,7 @@ class Mirroring:
     def probe(self, name: str) -> None:
         self.cluster.membership.probe(name)
 
-    def submit(self, command: dict, done) -> None:
+    def submit(self, command: Command, done) -> None:
         """Propose a metadata entry; done(ok) when it is applied here or has failed."""
         self.cluster.submit(command, lambda _result, err: done(err is None))
 
@@ -333,9 +334,8 @@ class Mirroring:
             def done(result, err, key=state.key):
                 if err is not None or not (result or {}).get("promoted"):
                     self._promoting.pop(key, None)     # tried again on a later tick
-            self.cluster.submit({"op": "queue.promote", "vhost": state.vhost, "name": state.name,
-                                 "home": successor, "epoch": state.epoch + 1, "from_epoch": state.epoch,
-                                 "shutdown": state.home in self.stopping}, done, forward_if_deposed=False)
+            self.cluster.submit(QueuePromote(state.vhost, state.name, successor, state.epoch + 1, state.epoch,
+                                             state.home in self.stopping), done, forward_if_deposed=False)
 
     # ---- publishes sent again to a new master (CONF-4) --------------------------------------------
     def adopted(self, queue, contents, acked_here=frozenset()) -> None:

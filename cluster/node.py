@@ -14,12 +14,15 @@ import structlog
 
 from pathlib import Path
 
+from node.broker.commands import Command, NodeRestarted, NodeStopping
 from node.protocol.replies import AMQPError, ReplyCode
+from node.tasks import TaskGroup
 
 from . import transport
 from .control import Control
 from .metadata import MetadataMachine, raise_result
-from .raft import NotLeader, Raft, RaftStorage
+from .raft import NotLeader, Raft
+from .raft_storage import RaftStorage
 from .membership import CHANNEL_OPTIONS, Membership
 from .reply_to import ReplyForwarder
 from .mirroring import Mirroring
@@ -66,31 +69,40 @@ class ClusterNode:
         self.on_removed: Callable[[str], None] | None = None   # set by the node: stop with this reason
         self.replies = ReplyForwarder(self.membership)
         self._server: grpc.aio.Server | None = None
+        self.tasks = TaskGroup(f"cluster node {name}")   # proposals in flight, pause/resume transitions
+        self.metadata.tasks = self.tasks
         self._transition: asyncio.Task | None = None
         self._announced = False
         self.draining = False
         broker.cluster = self
+        broker.metadata = self
 
     def leader_name(self) -> str | None:
         return self.raft.leader
 
-    def submit(self, command: dict, callback, *args, forward_if_deposed: bool = True) -> None:
-        """propose() for callers without a loop of their own: callback(result, error, *args)."""
+    def submit(self, command: Command, callback, *args, forward_if_deposed: bool = True) -> None:
+        """propose() for callers without a loop of their own: callback(result, error, *args).
+        The command is encoded here, at once: one that cannot be is the caller's error."""
+        entry = command.to_json()
+
         async def run():
             try:
-                result = await self.propose(command, forward_if_deposed)
+                result = await self._propose(entry, forward_if_deposed)
             except AMQPError as err:
                 callback(None, err, *args)
             else:
                 callback(result, None, *args)
-        asyncio.ensure_future(run())
+        self.tasks.spawn(run())
 
-    async def propose(self, command: dict, forward_if_deposed: bool = True):
+    async def propose(self, command: Command, forward_if_deposed: bool = True):
         """Commit a metadata change cluster-wide; the result of applying it here (or its AMQP error).
         forward_if_deposed=False: a decision this node took as the leader is dropped if it stops
         being the leader before the entry commits (its view may be stale)."""
+        return await self._propose(command.to_json(), forward_if_deposed)
+
+    async def _propose(self, entry: dict, forward_if_deposed: bool):
         try:
-            result = await self.raft.propose(command, forward_if_deposed)
+            result = await self.raft.propose(entry, forward_if_deposed)
         except (NotLeader, asyncio.TimeoutError, grpc.aio.AioRpcError) as exc:
             raise AMQPError(ReplyCode.CONNECTION_FORCED,
                             f"cluster metadata not available: {exc or 'timeout'}") from None
@@ -114,22 +126,19 @@ class ClusterNode:
         if self.config.advertise and self.raft.storage.last_index == 0 and self.membership.peers:
             from .discovery import join
             self.joining = True
-            self._join = asyncio.ensure_future(join(self, self.config.advertise))
+            self._join = self.tasks.spawn(join(self, self.config.advertise))
 
     async def stop(self) -> None:
         if self._announced and self.membership.has_majority:
             try:     # ha-promote-on-shutdown applies to the queues this node masters
-                await asyncio.wait_for(self.raft.propose({"op": "node.stopping", "node": self.name}), 1.0)
+                await asyncio.wait_for(self.raft.propose(NodeStopping(self.name).to_json()), 1.0)
             except Exception:  # noqa: BLE001 - shutting down regardless
                 pass
         await self.mirroring.stop()
         await self.replies.stop()
         await self.raft.stop()
         await self.membership.stop()
-        if self._transition is not None:
-            self._transition.cancel()
-        if self._join is not None:
-            self._join.cancel()
+        await self.tasks.close()
         if self._server is not None:
             await self._server.stop(grace=0.5)
 
@@ -159,7 +168,7 @@ class ClusterNode:
     def _majority_changed(self, majority: bool) -> None:
         self.membership.paused = not majority
         previous = self._transition
-        self._transition = asyncio.ensure_future(self._apply(majority, previous))
+        self._transition = self.tasks.spawn(self._apply(majority, previous))
 
     async def _apply(self, majority: bool, previous) -> None:
         if previous is not None:
@@ -178,7 +187,7 @@ class ClusterNode:
         (its transient and exclusive queues), and this node has caught up with the log."""
         while True:
             try:
-                await self.raft.propose({"op": "node.restarted", "node": self.name})
+                await self.raft.propose(NodeRestarted(self.name).to_json())
                 self._announced = True
                 dropped = self.metadata.discard_unclaimed()
                 if dropped:

@@ -12,7 +12,7 @@ import json
 import structlog
 
 from node.protocol.replies import AMQPError
-from node.store import meta
+from node.broker import commands as C
 
 from .control import COMMANDS, Control, ControlError
 from .rpc import cluster_pb2 as pb
@@ -31,7 +31,7 @@ def _queue(control: Control, vhost: str, name: str):
     return queue
 
 
-async def _propose(control: Control, command: dict):
+async def _propose(control: Control, command: C.Command):
     try:
         return await control.node.propose(command)
     except AMQPError as exc:
@@ -60,10 +60,8 @@ async def purge_queue_any(control: Control, args: dict) -> dict:
 async def delete_queue(control: Control, args: dict) -> dict:
     """rabbitmqctl delete_queue [--if-unused] [--if-empty], through the metadata log."""
     _queue(control, args["vhost"], args["name"])
-    result = await _propose(control, {"op": "queue.delete", "vhost": args["vhost"], "name": args["name"],
-                                      "if_unused": bool(args.get("if_unused")),
-                                      "if_empty": bool(args.get("if_empty")), "owner": None,
-                                      "method_index": 0})
+    result = await _propose(control, C.QueueDelete(args["vhost"], args["name"], None, bool(args.get("if_unused")),
+                                                   bool(args.get("if_empty"))))
     return result if isinstance(result, dict) else {"message_count": None}
 
 
@@ -89,24 +87,18 @@ async def import_definitions(control: Control, args: dict) -> dict:
             p.get("vhost", "/"), p["name"], p["pattern"], p.get("definition", {}), p.get("apply-to", "all"),
             int(p.get("priority", 0))]})
     for x in data.get("exchanges", []):
-        await _propose(control, {"op": "exchange.declare", "vhost": x.get("vhost", "/"), "name": x["name"],
-                                 "type": x.get("type", "direct"), "durable": x.get("durable", True),
-                                 "auto_delete": x.get("auto_delete", False), "internal": x.get("internal", False),
-                                 "arguments": meta.encode_table(x.get("arguments") or {}), "method_index": 0})
+        await _propose(control, C.ExchangeDeclare(x.get("vhost", "/"), x["name"], x.get("type", "direct"),
+                                                  x.get("durable", True), x.get("auto_delete", False),
+                                                  x.get("internal", False), x.get("arguments") or {}))
     for q in data.get("queues", []):
-        await _propose(control, {"op": "queue.declare", "vhost": q.get("vhost", "/"), "name": q["name"],
-                                 "durable": q.get("durable", True), "exclusive": False,
-                                 "auto_delete": q.get("auto_delete", False),
-                                 "arguments": meta.encode_table(q.get("arguments") or {}), "owner": None,
-                                 "home": control.node.name, "method_index": 0})
+        await _propose(control, C.QueueDeclare(q.get("vhost", "/"), q["name"], q.get("durable", True), False,
+                                               q.get("auto_delete", False), q.get("arguments") or {},
+                                               control.node.name))
     for b in data.get("bindings", []):
         if not b.get("source"):
             continue      # the default exchange binds every queue by itself
-        await _propose(control, {"op": "bind", "vhost": b.get("vhost", "/"),
-                                 "kind": b.get("destination_type", "queue"), "source": b["source"],
-                                 "destination": b["destination"], "routing_key": b.get("routing_key", ""),
-                                 "arguments": meta.encode_table(b.get("arguments") or {}), "owner": None,
-                                 "method_index": 0})
+        await _propose(control, C.Bind(b.get("vhost", "/"), b.get("destination_type", "queue"), b["source"],
+                                       b["destination"], b.get("routing_key", ""), b.get("arguments") or {}))
     counts = {k: len(data.get(k, [])) for k in ("users", "vhosts", "permissions", "policies", "exchanges",
                                                    "queues", "bindings")}
     log.info("definitions imported through haremq ctl", node=control.node.name, **counts)
@@ -169,7 +161,7 @@ async def member_join(control: Control, args: dict) -> dict:
     if control.node.membership.peers.get(name) is not None and \
             control.node.membership.peers[name].address != address:
         raise ControlError(f"PRECONDITION_FAILED - member '{name}' is known at another address")
-    return await _propose(control, {"op": "member.add", "node": name, "address": address})
+    return await _propose(control, C.MemberAdd(name, address))
 
 
 COMMANDS["member_join"] = member_join

@@ -16,7 +16,8 @@ from pamqp import decode
 from node.broker.queue import LOGGED, SAFE, Consumer, Queue
 from node.protocol.replies import AMQPError, ReplyCode
 
-from .remote_queue import DISCARD, MOVED, REQUEUE, message_from_pb, message_to_pb
+from .codec import message_from_pb, message_to_pb
+from .remote_queue import DISCARD, MOVED, REQUEUE
 from .rpc import cluster_pb2 as pb
 
 MAX_PENDING_EVENTS = 2000

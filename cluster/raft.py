@@ -21,20 +21,27 @@ that cannot see a majority any more steps down (check-quorum).
 The log and the vote live in DATA_DIR/raft: `state.json` (term, vote) and
 `log.jsonl` (one entry per line), appended and fsynced off the event loop
 before a vote or an append is answered.
+
+This module is the shell: state, gRPC, tasks and timers. The rules it
+follows (whom to vote for, which entries to accept, what is committed, when
+to stand) are pure functions in cluster/raft_core.py; the term, vote and log
+are written and fsynced by cluster/raft_storage.py.
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import time
-from pathlib import Path
 from typing import Callable
 
 import grpc
 import structlog
 
+from node.tasks import TaskGroup
+
+from . import raft_core as rules
+from .raft_storage import RaftStorage
 from .rpc import cluster_pb2 as pb
 
 HEARTBEAT = 0.15
@@ -44,69 +51,6 @@ PROPOSE_TIMEOUT = 10.0
 
 class NotLeader(Exception):
     """No leader is known (an election is under way, or no majority)."""
-
-
-class RaftStorage:
-    """The durable part of Raft: current term, vote, and the log."""
-
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.state_path = self.directory / "state.json"
-        self.log_path = self.directory / "log.jsonl"
-        self.term = 0
-        self.voted_for: str | None = None
-        self.entries: list[tuple[int, bytes]] = []    # (term, command); index = position + 1
-        if self.state_path.exists():
-            state = json.loads(self.state_path.read_text())
-            self.term, self.voted_for = state["term"], state.get("voted_for")
-        if self.log_path.exists():
-            for line in self.log_path.read_text().splitlines():
-                try:
-                    item = json.loads(line)
-                except ValueError:
-                    break   # a torn last line: it was never acknowledged to anyone
-                del self.entries[item["i"] - 1:]
-                self.entries.append((item["t"], item["c"].encode()))
-
-    def save_state(self) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            json.dump({"term": self.term, "voted_for": self.voted_for}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.state_path)
-
-    def append(self, start: int, entries: list[tuple[int, bytes]]) -> None:
-        """Write entries from index `start` (replacing any conflicting suffix) and fsync."""
-        truncated = start <= len(self.entries)
-        del self.entries[start - 1:]
-        self.entries.extend(entries)
-        if truncated:   # rewrite: rare (a follower dropping an uncommitted suffix)
-            lines = [json.dumps({"i": i + 1, "t": t, "c": c.decode()}) for i, (t, c) in enumerate(self.entries)]
-            tmp = self.log_path.with_suffix(".tmp")
-            with open(tmp, "w") as fh:
-                fh.write("".join(line + "\n" for line in lines))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.log_path)
-            return
-        with open(self.log_path, "a") as fh:
-            for offset, (t, c) in enumerate(entries):
-                fh.write(json.dumps({"i": start + offset, "t": t, "c": c.decode()}) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    @property
-    def last_index(self) -> int:
-        return len(self.entries)
-
-    @property
-    def last_term(self) -> int:
-        return self.entries[-1][0] if self.entries else 0
-
-    def term_at(self, index: int) -> int:
-        return self.entries[index - 1][0] if 0 < index <= len(self.entries) else 0
 
 
 class Raft:
@@ -128,7 +72,7 @@ class Raft:
         self._voted_at = 0.0             # when this node last granted its vote to another
         self._waiters: dict[int, asyncio.Future] = {}
         self._io = asyncio.Lock()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks = TaskGroup(f"raft {name}")     # the consensus loop, one replication loop per follower
         self._replicating: set[str] = set()
         self.told_commit: dict[str, int] = {}   # per follower: commit index it has applied (acknowledged)
 
@@ -136,12 +80,10 @@ class Raft:
     async def start(self) -> None:
         if not self.membership.peers:        # a cluster of one commits on its own
             await self._become_leader()
-        self._tasks.append(asyncio.create_task(self._run()))
+        self._tasks.spawn(self._run())
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
 
     @property
     def term(self) -> int:
@@ -151,7 +93,7 @@ class Raft:
         return time.monotonic() + random.uniform(ELECTION_MIN, ELECTION_MAX)
 
     def _majority(self) -> int:
-        return self.membership.size // 2 + 1
+        return rules.majority(self.membership.size)
 
     async def _run(self) -> None:
         while True:
@@ -189,14 +131,12 @@ class Raft:
         for peer in list(self.membership.peers.values()):
             if peer.name not in self._replicating:
                 self._replicating.add(peer.name)
-                asyncio.ensure_future(self._replicate(peer))
+                self._tasks.spawn(self._replicate(peer))
 
     def _stagger(self, dead: str) -> float:
         """This node's turn to stand when the leader died: 0.1 s apart by name among the members
         that are up, with a little jitter."""
-        up = sorted(n for n in self.membership.up_members() if n != dead)
-        rank = up.index(self.name) if self.name in up else len(up)
-        return rank * 0.1 + random.uniform(0.0, 0.02)
+        return rules.stagger(self.name, self.membership.up_members(), dead, random.uniform(0.0, 0.02))
 
     # ---- elections ------------------------------------------------------------------------
     async def _persist_state(self) -> None:
@@ -217,10 +157,8 @@ class Raft:
         """Leader stickiness: a leader is in charge and reachable, so no election is called for.
         The leader itself while it sees a majority; a follower within the minimum election
         timeout of an AppendEntries from a leader its failure detector still sees up."""
-        if self.role == "leader":
-            return bool(self.membership.has_majority)
-        return (self.leader is not None and time.monotonic() - self._leader_heard < ELECTION_MIN
-                and self.membership.is_up(self.leader))
+        return rules.hears_from_leader(self.role, self.membership.has_majority, self.leader, time.monotonic(),
+                                       self._leader_heard, ELECTION_MIN, self.membership.is_up)
 
     async def _elect(self) -> None:
         """Pre-vote, then (with a majority of yeses) the election proper in term + 1."""
@@ -256,7 +194,7 @@ class Raft:
                 return False
             if reply.granted:
                 votes += 1
-        won = votes >= self._majority()
+        won = rules.won(votes, self._majority())
         if pre_vote:
             if not won:
                 self.log.debug("raft pre-vote lost: a leader is still followed", term=term, votes=votes)
@@ -278,8 +216,8 @@ class Raft:
         if request.candidate not in self.membership.peers:
             # a forgotten member started on its old data: its elections must not disturb ours
             return pb.VoteReply(term=self.storage.term, granted=False)
-        up_to_date = (request.last_log_term, request.last_log_index) >= (self.storage.last_term,
-                                                                           self.storage.last_index)
+        up_to_date = rules.up_to_date(request.last_log_term, request.last_log_index, self.storage.last_term,
+                                      self.storage.last_index)
         if self.hears_from_leader() and (self.role == "leader" or not request.pre_vote
                                          or await self.membership.reachable(self.leader)):
             # a node coming back must not depose a leader we follow: no vote, and our term stays.
@@ -287,13 +225,13 @@ class Raft:
             # a pre-vote has it pinged now, and its refused port ends the lease at once.)
             return pb.VoteReply(term=self.storage.term, granted=False)
         if request.pre_vote:
-            granted = request.term > self.storage.term and up_to_date
+            granted = rules.grant_pre_vote(request.term, self.storage.term, up_to_date)
             return pb.VoteReply(term=self.storage.term, granted=granted)
         if request.term > self.storage.term:
             await self._step_down(request.term)
         granted = False
-        if request.term == self.storage.term and up_to_date and \
-                self.storage.voted_for in (None, request.candidate):
+        if rules.grant_vote(request.term, self.storage.term, up_to_date, self.storage.voted_for,
+                            request.candidate):
             self.storage.voted_for = request.candidate
             self.leader = None       # an election is on: the old leader is not waited for any more
             # the candidate gets its election timeout from now, not from when our write ends
@@ -351,7 +289,7 @@ class Raft:
                             self.told_commit[peer.name] < self.commit_index:
                         continue      # more to send, or a commit this reply made: tell it now
                 else:
-                    self.next_index[peer.name] = max(1, min(next_index - 1, reply.match_index + 1))
+                    self.next_index[peer.name] = rules.next_index_after_refusal(next_index, reply.match_index)
                     continue
                 await self._wait_for_work()
         finally:
@@ -375,10 +313,10 @@ class Raft:
             self._entry_event.set()
 
     def _advance_commit(self) -> None:
-        matches = sorted([self.storage.last_index, *self.match_index.values()], reverse=True)
-        candidate = matches[self._majority() - 1]
-        if candidate > self.commit_index and self.storage.term_at(candidate) == self.storage.term:
-            self.commit_index = candidate
+        commit = rules.leader_commit(self.storage.last_index, self.match_index.values(), self._majority(),
+                                     self.storage.term_at, self.storage.term, self.commit_index)
+        if commit != self.commit_index:
+            self.commit_index = commit
             self._apply_committed()
             self._notify_new_entry()     # tell the followers now, not at the next heartbeat
 
@@ -393,21 +331,17 @@ class Raft:
         self._leader_heard = time.monotonic()
         self._deadline = self._new_deadline()
         prev = request.prev_log_index
-        if prev > self.storage.last_index or self.storage.term_at(prev) != request.prev_log_term:
+        if not rules.consistent(prev, request.prev_log_term, self.storage.last_index, self.storage.term_at):
             return pb.AppendReply(term=self.storage.term, success=False,
-                                  match_index=min(prev - 1, self.storage.last_index) if prev else 0)
-        new = []
-        for entry in request.entries:
-            if entry.index <= self.storage.last_index and self.storage.term_at(entry.index) == entry.term:
-                continue
-            new.append(entry)
+                                  match_index=rules.refusal_hint(prev, self.storage.last_index))
+        new = rules.new_entries(request.entries, self.storage.last_index, self.storage.term_at)
         if new:
             async with self._io:
                 await asyncio.to_thread(self.storage.append, new[0].index,
                                         [(e.term, bytes(e.command)) for e in new])
         last = prev + len(request.entries)
         if request.leader_commit > self.commit_index:
-            self.commit_index = min(request.leader_commit, max(last, self.commit_index))
+            self.commit_index = rules.follower_commit(request.leader_commit, last, self.commit_index)
             self._apply_committed()
         return pb.AppendReply(term=self.storage.term, success=True, match_index=last)
 

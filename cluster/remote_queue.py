@@ -17,11 +17,11 @@ import grpc
 import structlog
 from pamqp import encode
 
-from node.broker.expiry import expiration_ms
 from node.broker.message import Entry, Message
-from node.protocol.properties import PropertyView
 from node.protocol.replies import AMQPError, ReplyCode
+from node.tasks import TaskGroup
 
+from .codec import message_from_pb, message_to_pb
 from .rpc import cluster_pb2 as pb
 
 ACK, REQUEUE, DISCARD = 0, 1, 2
@@ -39,25 +39,12 @@ class RemoteEntry(Entry):
     __slots__ = ("link", "key")
 
 
-def message_from_pb(m) -> Message:
-    props = PropertyView(m.properties)
-    message = Message(m.exchange, m.routing_key, bytes(m.properties), bytes(m.body), props.delivery_mode == 2,
-                      props.priority, expiration_ms(props.expiration))
-    message.publish_id = m.publish_id
-    return message
-
-
 def fingerprint(message) -> int:
     """Tells two messages under one key apart (a Message or a pb.Message) by their properties
     and body: what every copy of a message has alike, whether held in memory or read back
     from a store (a publish id is not kept in the store)."""
     props = message.props_raw if isinstance(message, Message) else message.properties
     return hash((bytes(props), bytes(message.body)))
-
-
-def message_to_pb(message: Message) -> pb.Message:
-    return pb.Message(exchange=message.exchange, routing_key=message.routing_key, properties=message.props_raw,
-                      body=message.body, publish_id=message.publish_id)
 
 
 class QueueLink:
@@ -310,6 +297,7 @@ class RemoteQueue:
         self.peers = peers            # name -> Peer
         self.metadata = lambda: ()
         self.home_up = lambda _name: True
+        self.tasks = TaskGroup(f"remote queue {vhost}/{name}")   # the node's, set from the metadata log
         self.durable = durable
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
@@ -718,7 +706,7 @@ class RemoteQueue:
                 return
             answer(pick(json.loads(reply.result)), None)
 
-        asyncio.ensure_future(call())
+        self.tasks.spawn(call())
 
     # ---- failover (MIR-4, MIR-8) -------------------------------------------------------------
     def home_lost(self) -> None:

@@ -36,7 +36,9 @@ import grpc
 
 from node.broker.queue import ContentsReader
 
-from .remote_queue import message_to_pb
+from node.broker.commands import QueueMirrorDropped, QueueMirrorSynced
+
+from .codec import message_to_pb
 from .rpc import cluster_pb2 as pb
 
 ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, pb.MirrorOp.REMOVE,
@@ -295,8 +297,8 @@ class MirrorLink:
         self.phase = "proposing"
         self.proposing = True
         state = self.rep.state
-        self.rep.mirroring.submit({"op": "queue.mirror_synced", "vhost": state.vhost, "name": state.name,
-                                   "node": self.node, "epoch": state.epoch}, self._synced_failed)
+        self.rep.mirroring.submit(QueueMirrorSynced(state.vhost, state.name, self.node, state.epoch),
+                                  self._synced_failed)
 
     def _synced_failed(self, ok: bool) -> None:
         self.proposing = False
@@ -307,8 +309,7 @@ class MirrorLink:
         state = self.rep.state
         self.dropping.add(reason)
         self.rep.log_.warning("dropping mirror from the in-sync set", mirror=self.node, reason=reason)
-        self.rep.mirroring.submit({"op": "queue.mirror_dropped", "vhost": state.vhost, "name": state.name,
-                                   "node": self.node, "epoch": state.epoch},
+        self.rep.mirroring.submit(QueueMirrorDropped(state.vhost, state.name, self.node, state.epoch),
                                   lambda _ok: self.dropping.discard(reason))
 
     async def _run(self) -> None:

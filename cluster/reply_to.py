@@ -12,7 +12,7 @@ from collections import defaultdict
 import grpc
 import structlog
 
-from .remote_queue import message_to_pb
+from .codec import message_to_pb
 from .rpc import cluster_pb2 as pb
 
 MAX_BATCH = 500

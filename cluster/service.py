@@ -6,7 +6,7 @@ import json
 from .control import ControlError
 from .mirror import serve_mirror
 from .queue_service import serve_link
-from .remote_queue import message_from_pb
+from .codec import message_from_pb
 from .rpc import cluster_pb2 as pb
 from .rpc import cluster_pb2_grpc as pbg
 

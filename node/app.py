@@ -67,6 +67,7 @@ class Node:
         self._stopping = False
         self._stopped = asyncio.Event()
         self.failure: str | None = None     # why the node stopped by itself, if it did
+        self._failing: asyncio.Task | None = None
 
     async def __aenter__(self) -> "Node":
         await self.start()
@@ -205,7 +206,7 @@ class Node:
         """Stop by itself, for a reason the process reports as it exits (status 1)."""
         self.log.error("node stopping: " + reason)
         self.failure = reason
-        asyncio.ensure_future(self.stop())
+        self._failing = asyncio.ensure_future(self.stop())    # kept until the node has stopped
 
     async def stop(self) -> None:
         if self._stopping:

@@ -550,6 +550,15 @@ def test_users_and_permissions_made_with_ctl_work_on_every_node(cluster):
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
             ch.queue_declare(f"dave.{m.name}")
         assert ei.value.reply_code == 403
+    # admin calls run by an allow-list of names, never any Broker attribute a request names
+    from cluster.rpc import cluster_pb2 as pb
+    from cluster.rpc import cluster_pb2_grpc as pbg
+    with grpc.insecure_channel(f"127.0.0.1:{members[1].cluster_port}") as channel:
+        for method, read in (("restore", False), ("_snapshot", True), ("add_user", True)):
+            arguments = json.dumps({"method": method, "args": [], "read": read}).encode()
+            reply = pbg.ClusterStub(channel).Control(pb.ControlRequest(command="broker_call", arguments=arguments),
+                                                     timeout=5, metadata=(("x-haremq-secret", SECRET),))
+            assert not reply.ok and f"does not support '{method}'" in reply.error
 
 
 def test_cluster_port_with_mutual_tls(tmp_path):

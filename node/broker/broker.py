@@ -5,11 +5,15 @@ from __future__ import annotations
 import structlog
 
 from ..protocol.replies import AMQPError, ReplyCode
+from ..protocol.tables import decode_table, encode_table
 from ..store import meta
 from . import policy as policies
 from .auth import SHA256, Users, hash_password
+from .commands import QueueDelete
 from .exchange import Exchange, ExchangeType
 from .permissions import Access, Permission, vhost_refused
+from .metadata import LocalMetadata
+from .ports import MetadataPort
 from .reply_to import reply_token, token_node
 from .vhost import Persistence, VHost, is_durable, server_name
 
@@ -30,7 +34,8 @@ class Broker(Persistence):
         self.permissions: dict[tuple[str, str], Permission] = {("guest", "/"): Permission(".*", ".*", ".*")}
         self.sessions: set = set()
         self.sessions_by_key: dict = {}
-        self.cluster = None          # cluster.node.ClusterNode when clustered
+        self.cluster = None          # cluster.node.ClusterNode when clustered (management, alarms)
+        self.metadata: MetadataPort = LocalMetadata(self)   # the ClusterNode too, when clustered
         self._reply_to: dict[str, object] = {}
         self.alarms: set[str] = set()          # this node's own
         self.peer_alarms: dict[str, frozenset] = {}   # other members' own, as they last reported them
@@ -307,9 +312,9 @@ class Broker(Persistence):
         if self.deliver_reply_here(routing_key, message):
             return True
         node = token_node(routing_key)
-        if self.cluster is None or node is None or node == self.node_name:
+        if node is None or node == self.node_name:
             return False
-        return self.cluster.forward_reply(node, routing_key, message)
+        return self.metadata.forward_reply(node, routing_key, message)
 
     # ---- persistence (durable metadata) -------------------------------------------------
     def changed(self) -> None:
@@ -317,12 +322,8 @@ class Broker(Persistence):
             self.store.save_meta(self._snapshot)
 
     def queue_unused(self, vhost: VHost, queue) -> None:
-        if self.cluster is None:
-            vhost.remove_queue(queue)
-            return
-        self.cluster.submit({"op": "queue.delete", "vhost": vhost.name, "name": queue.name, "if_unused": False,
-                             "if_empty": False, "owner": getattr(queue.exclusive_owner, "key", None)},
-                            lambda *_: None)
+        self.metadata.submit(QueueDelete(vhost.name, queue.name, getattr(queue.exclusive_owner, "key", None)),
+                             lambda *_: None)
 
     def new_queue_id(self) -> int:
         queue_id = self.next_queue_id
@@ -342,16 +343,16 @@ class Broker(Persistence):
                 if exchange.name and not exchange.name.startswith("amq."):
                     exchanges.append({"name": exchange.name, "type": exchange.type.value,
                                       "auto_delete": exchange.auto_delete, "internal": exchange.internal,
-                                      "arguments": meta.encode_table(exchange.arguments)})
+                                      "arguments": encode_table(exchange.arguments)})
                 for destination, key, args in exchange.bindings():
                     if is_durable(destination):
                         bindings.append({"source": exchange.name, "destination": destination.name,
                                          "kind": "exchange" if isinstance(destination, Exchange) else "queue",
-                                         "routing_key": key, "arguments": meta.encode_table(args)})
+                                         "routing_key": key, "arguments": encode_table(args)})
             for queue in vhost.queues.values():
                 if queue.store is not None:
                     queues.append({"name": queue.name, "id": queue.store_id, "auto_delete": queue.auto_delete,
-                                   "arguments": meta.encode_table(queue.arguments)})
+                                   "arguments": encode_table(queue.arguments)})
             vhosts[vname] = {"exchanges": exchanges, "queues": queues, "bindings": bindings,
                              "policies": [p.as_json(vname) for p in vhost.policies.values()]}
         users = [{"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": u.algorithm,
@@ -382,9 +383,9 @@ class Broker(Persistence):
             for x in data["exchanges"]:
                 vhost._add_exchange(Exchange(x["name"], ExchangeType(x["type"]), durable=True,
                                              auto_delete=x["auto_delete"], internal=x["internal"],
-                                             arguments=meta.decode_table(x["arguments"])))
+                                             arguments=decode_table(x["arguments"])))
             for q in data["queues"]:
-                queue = vhost.add_queue(q["name"], True, None, q["auto_delete"], meta.decode_table(q["arguments"]),
+                queue = vhost.add_queue(q["name"], True, None, q["auto_delete"], decode_table(q["arguments"]),
                                         q["id"])
                 queue.restore(recovered.queues.get(q["id"], []))
                 known_ids.add(q["id"])
@@ -395,7 +396,7 @@ class Broker(Persistence):
                 else:
                     destination = vhost.exchanges.get(b["destination"])
                 if source is not None and destination is not None:
-                    source.bind(destination, b["routing_key"], meta.decode_table(b["arguments"]))
+                    source.bind(destination, b["routing_key"], decode_table(b["arguments"]))
         for queue_id, messages in recovered.queues.items():
             if queue_id not in known_ids:   # the queue was deleted: let its segments go
                 self.store.ack(queue_id, list(messages))

@@ -14,6 +14,7 @@ from ..protocol.connection import AMQPConnection, State
 from ..protocol.frames import encode_confirm, encode_method
 from ..protocol.replies import AMQPError, ReplyCode
 from .channel import Channel
+from .commands import QueueDelete
 
 OUTPUT_HIGH_WATER = 1 << 20
 
@@ -275,14 +276,9 @@ class Session:
         self.channels.clear()
         for channel in channels:
             channel.teardown()
-        cluster = self.broker.cluster
         for queue in list(self.exclusive_queues):
-            if self.vhost is not None and self.vhost.queues.get(queue.name) is queue:
-                if cluster is not None:     # every node drops its record of it
-                    cluster.submit({"op": "queue.delete", "vhost": self.vhost.name, "name": queue.name,
-                                    "if_unused": False, "if_empty": False, "owner": self.key}, _ignore)
-                else:
-                    self.vhost.remove_queue(queue)
+            if self.vhost is not None and self.vhost.queues.get(queue.name) is queue:   # every node drops it
+                self.broker.metadata.submit(QueueDelete(self.vhost.name, queue.name, self.key), _ignore)
         self.exclusive_queues.clear()
         self._confirm_channels.clear()
 

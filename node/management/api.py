@@ -24,6 +24,7 @@ from pamqp import commands as spec
 
 from ..version import __version__
 from ..broker.broker import BrokerError
+from ..broker.commands import AdminCallError, admin_method
 from ..broker.definitions import export_definitions
 from . import auth
 from . import serializers as js
@@ -224,13 +225,15 @@ class ManagementAPI:
     async def broker_call(self, method: str, *args):
         """A change to users, vhosts, permissions or policies, as `haremq ctl` makes it."""
         if self.cluster is not None:
-            from cluster.control import ControlError
             try:
                 return await self.cluster.control.broker_call({"method": method, "args": list(args)})
-            except ControlError as exc:
+            except AdminCallError as exc:
                 raise bad_request(str(exc).split(" - ", 1)[-1]) from None
+        call = admin_method(self.broker, method)
+        if call is None:
+            raise bad_request(f"this node does not support '{method}'")
         try:
-            return getattr(self.broker, method)(*args)
+            return call(*args)
         except (BrokerError, ValueError, KeyError) as exc:
             raise bad_request(str(exc)) from None
 

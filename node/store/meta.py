@@ -2,24 +2,14 @@
 
 Small and rarely changed, so it is rewritten whole (write, fsync, rename) by
 the store's writer, in order with the message records. AMQP argument tables
-are kept in their wire encoding so every field type round-trips.
+are kept in their wire encoding (node.protocol.tables) so every field type
+round-trips.
 """
 from __future__ import annotations
 
-import base64
 import json
 
-from pamqp import decode, encode
-
 VERSION = 1
-
-
-def encode_table(table: dict) -> str:
-    return base64.b64encode(encode.field_table(table or {})).decode()
-
-
-def decode_table(text: str) -> dict:
-    return decode.field_table(base64.b64decode(text))[1]
 
 
 def dumps(snapshot: dict) -> bytes:
