@@ -7,9 +7,9 @@ on (persistence, priority, expiration) is read back from them on arrival.
 """
 from __future__ import annotations
 
-from node.broker.expiry import expiration_ms
-from node.broker.message import Message
-from node.protocol.properties import PropertyView
+from haremq.node.broker.expiry import expiration_ms
+from haremq.node.broker.message import Message
+from haremq.node.protocol.properties import PropertyView
 
 from .rpc import cluster_pb2 as pb
 

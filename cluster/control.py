@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from node.broker.commands import AdminCallError, BrokerCall, MemberForget, admin_method
-from node.protocol.replies import AMQPError
+from haremq.node.broker.commands import AdminCallError, BrokerCall, MemberForget, admin_method
+from haremq.node.protocol.replies import AMQPError
 
 from .rpc import cluster_pb2 as pb
 
@@ -148,7 +148,7 @@ class Control:
         return rows
 
     async def list_bindings(self, args: dict) -> list:
-        from node.broker.exchange import Exchange
+        from haremq.node.broker.exchange import Exchange
         rows = []
         for vname, vhost in self.broker.vhosts.items():
             for queue in vhost.queues.values():
@@ -193,7 +193,7 @@ class Control:
         every member that is up lists what lives on it (node/management/views.py)."""
         if not args.get("local"):
             return await self._on_members("management_rows", args)
-        from node.management.views import local_rows
+        from haremq.node.management.views import local_rows
         return local_rows(self.broker, args["kind"])
 
     async def management_close(self, args: dict) -> list:
@@ -201,7 +201,7 @@ class Control:
         connected to closes it; the answer lists True for each one that did."""
         if not args.get("local"):
             return await self._on_members("management_close", args)
-        from node.management.views import close_local
+        from haremq.node.management.views import close_local
         return [True] if close_local(self.broker, args["name"], args["reason"]) else []
 
     async def forget_node(self, args: dict) -> dict:

@@ -27,7 +27,7 @@ from typing import Callable
 import grpc
 import structlog
 
-from node.tasks import TaskGroup
+from haremq.node.tasks import TaskGroup
 
 from . import transport
 from .rpc import cluster_pb2 as pb
@@ -223,7 +223,7 @@ class Membership:
         peer = self.peers[name] = Peer(name, address)
         peer.probe = asyncio.Event()
         self._dial(peer, address)          # as start() does for a name that does not resolve yet
-        self._tasks.append(asyncio.create_task(self._ping_loop(peer)))
+        self._tasks.spawn(self._ping_loop(peer))
         self.log.info("member added", member=name, address=address)
         self._evaluate()
         return True

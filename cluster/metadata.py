@@ -12,12 +12,12 @@ import json
 
 import structlog
 
-from node.broker import commands as C
-from node.broker.exchange import Exchange
-from node.broker.message import Entry
-from node.broker.metadata import bind, declare_exchange, delete_exchange, owner_of, vhost_of
-from node.broker.metadata import method_of as _method
-from node.protocol.replies import AMQPError, ReplyCode
+from haremq.node.broker import commands as C
+from haremq.node.broker.exchange import Exchange
+from haremq.node.broker.message import Entry
+from haremq.node.broker.metadata import bind, declare_exchange, delete_exchange, owner_of, vhost_of
+from haremq.node.broker.metadata import method_of as _method
+from haremq.node.protocol.replies import AMQPError, ReplyCode
 
 from .remote_queue import RemoteQueue, fingerprint, hand_over
 

@@ -22,8 +22,8 @@ import time
 
 import structlog
 
-from node.broker.commands import Command, QueuePromote
-from node.broker.policy import winning
+from haremq.node.broker.commands import Command, QueuePromote
+from haremq.node.broker.policy import winning
 
 from .ha import HAState, mirror_nodes
 from .mirror import MirrorQueue

@@ -14,9 +14,9 @@ import structlog
 
 from pathlib import Path
 
-from node.broker.commands import Command, NodeRestarted, NodeStopping
-from node.protocol.replies import AMQPError, ReplyCode
-from node.tasks import TaskGroup
+from haremq.node.broker.commands import Command, NodeRestarted, NodeStopping
+from haremq.node.protocol.replies import AMQPError, ReplyCode
+from haremq.node.tasks import TaskGroup
 
 from . import transport
 from .control import Control

@@ -11,8 +11,8 @@ import json
 
 import structlog
 
-from node.protocol.replies import AMQPError
-from node.broker import commands as C
+from haremq.node.protocol.replies import AMQPError
+from haremq.node.broker import commands as C
 
 from .control import COMMANDS, Control, ControlError
 from .rpc import cluster_pb2 as pb

@@ -13,8 +13,8 @@ import asyncio
 
 from pamqp import decode
 
-from node.broker.queue import LOGGED, SAFE, Consumer, Queue
-from node.protocol.replies import AMQPError, ReplyCode
+from haremq.node.broker.queue import LOGGED, SAFE, Consumer, Queue
+from haremq.node.protocol.replies import AMQPError, ReplyCode
 
 from .codec import message_from_pb, message_to_pb
 from .remote_queue import DISCARD, MOVED, REQUEUE

@@ -38,7 +38,7 @@ from typing import Callable
 import grpc
 import structlog
 
-from node.tasks import TaskGroup
+from haremq.node.tasks import TaskGroup
 
 from . import raft_core as rules
 from .raft_storage import RaftStorage

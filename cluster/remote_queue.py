@@ -17,9 +17,9 @@ import grpc
 import structlog
 from pamqp import encode
 
-from node.broker.message import Entry, Message
-from node.protocol.replies import AMQPError, ReplyCode
-from node.tasks import TaskGroup
+from haremq.node.broker.message import Entry, Message
+from haremq.node.protocol.replies import AMQPError, ReplyCode
+from haremq.node.tasks import TaskGroup
 
 from .codec import message_from_pb, message_to_pb
 from .rpc import cluster_pb2 as pb
@@ -479,7 +479,7 @@ class RemoteQueue:
 
     def publish(self, message: Message) -> int:
         """A publish by the node itself (dead-lettering): forwarded, not confirmed."""
-        from node.broker.queue import SAFE
+        from haremq.node.broker.queue import SAFE
         self.publish_from(NODE_ITSELF, message, 0)
         return SAFE
 

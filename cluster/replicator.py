@@ -34,9 +34,9 @@ from collections import deque
 
 import grpc
 
-from node.broker.queue import ContentsReader
+from haremq.node.broker.queue import ContentsReader
 
-from node.broker.commands import QueueMirrorDropped, QueueMirrorSynced
+from haremq.node.broker.commands import QueueMirrorDropped, QueueMirrorSynced
 
 from .codec import message_to_pb
 from .rpc import cluster_pb2 as pb

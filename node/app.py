@@ -107,7 +107,7 @@ class Node:
             raise NodeError(f"cannot listen on {self.config.bind}:{ports}: {exc.strerror or exc}") from None
         self.resources.start()
         if clustered:
-            from cluster.node import ClusterConfig, ClusterNode
+            from haremq.cluster.node import ClusterConfig, ClusterNode
             self.cluster = ClusterNode(self.config.name, ClusterConfig(
                 port=self.config.cluster_port, bind=self.config.bind, peers=dict(self.config.peers),
                 secret=self.config.cluster_secret, failure_timeout=self.config.failure_timeout,

@@ -50,7 +50,7 @@ def _peers(values: dict) -> dict[str, str]:
     that resolve now; members that start later join by asking (cluster/discovery.py)."""
     peers = dict(values["peers"])
     if values["peers_dns"] and values["cluster_port"] is not None:
-        from cluster.discovery import dns_members
+        from haremq.cluster.discovery import dns_members
         peers.update({name: address for name, address in dns_members(
             values["name"], values["peers_dns"], values["cluster_port"], values["replicas"]).items()
             if name not in peers})
@@ -85,7 +85,7 @@ def _event_loop_policy() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["perf"]:
-        from bench.perf import main as perf_main
+        from haremq.bench.perf import main as perf_main
         return perf_main(argv[1:])
     if argv[:1] == ["ctl"]:
         from .ctl import main as ctl_main
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_secret = ""
         cluster_tls = None
         if v["cluster_port"] is not None:
-            from cluster import secret, transport
+            from haremq.cluster import secret, transport
             try:
                 cluster_secret = secret.resolve(v["cluster_secret_file"])
             except (OSError, ValueError) as exc:

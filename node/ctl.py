@@ -221,10 +221,10 @@ DATA_ERRORS = ("NOT_FOUND", "PRECONDITION_FAILED", "RESOURCE_LOCKED", "NOT_ALLOW
 async def control(node: str, secret: str, command: str, arguments: dict, timeout: float):
     import grpc
 
-    from cluster import transport
-    from cluster.rpc import cluster_pb2 as pb
-    from cluster.rpc import cluster_pb2_grpc as pbg
-    from cluster.secret import call_metadata
+    from haremq.cluster import transport
+    from haremq.cluster.rpc import cluster_pb2 as pb
+    from haremq.cluster.rpc import cluster_pb2_grpc as pbg
+    from haremq.cluster.secret import call_metadata
     async with transport.channel(node, TLS) as channel:
         stub = pbg.ClusterStub(channel)
         try:
@@ -398,8 +398,8 @@ def main(argv: list[str]) -> int:
         print(f"haremq ctl: {exc}", file=sys.stderr)
         return EX_USAGE
     global TLS
-    from cluster import secret as cluster_secret
-    from cluster import transport
+    from haremq.cluster import secret as cluster_secret
+    from haremq.cluster import transport
     try:
         TLS = transport.TLSFiles.load(args.tls_cert, args.tls_key, args.tls_ca)
         secret = cluster_secret.resolve(args.cluster_secret_file)

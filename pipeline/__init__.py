@@ -14,7 +14,7 @@ def register(spark):
 
 
 def __getattr__(name):
-    if name == "HareMQDataSource":  # imported lazily so `import pipeline` does not need pyspark
+    if name == "HareMQDataSource":  # imported lazily so `import haremq.pipeline` does not need pyspark
         from .datasource import HareMQDataSource
 
         return HareMQDataSource

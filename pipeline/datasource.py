@@ -1,6 +1,6 @@
 """PySpark Structured Streaming source and sink for HareMQ, registered as format "haremq".
 
-    from pipeline import register
+    from haremq.pipeline import register
     register(spark)                                   # spark.dataSource.register(HareMQDataSource)
     df = (spark.readStream.format("haremq")
           .option("uri", "amqp://guest:guest@127.0.0.1:5672/%2F").option("queue", "in").load())

@@ -102,7 +102,7 @@ class Proxy:
 
 
 def ctl(member, *args, timeout=20):
-    return subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"{member.host}:{member.cluster_port}",
+    return subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"{member.host}:{member.cluster_port}",
                            "--cluster-secret-file", str(member.secret_file), *args],
                           capture_output=True, text=True, timeout=timeout,
                           cwd=str(Path(__file__).resolve().parent.parent))
@@ -223,8 +223,8 @@ def control(member, command: str, timeout: float = 5.0, **arguments):
     """A `haremq ctl` command answered in-process (no interpreter to start): cheap enough to poll."""
     import grpc
 
-    from cluster.rpc import cluster_pb2 as pb
-    from cluster.rpc import cluster_pb2_grpc as pbg
+    from haremq.cluster.rpc import cluster_pb2 as pb
+    from haremq.cluster.rpc import cluster_pb2_grpc as pbg
     with grpc.insecure_channel(f"{member.host}:{member.cluster_port}") as channel:
         reply = pbg.ClusterStub(channel).Control(
             pb.ControlRequest(command=command, arguments=json.dumps(arguments).encode()),

@@ -14,7 +14,7 @@ import concurrent.futures
 import threading
 from pathlib import Path
 
-from node.app import Node, NodeConfig
+from haremq.node.app import Node, NodeConfig
 
 
 class InProcessNode:

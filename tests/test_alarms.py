@@ -11,7 +11,7 @@ import pika
 import pytest
 from pamqp import commands as spec
 
-from node.broker.broker import Broker
+from haremq.node.broker.broker import Broker
 from tests.conftest import (HOST, Node, _open_clients, needs_process, pika_conn, raw_socket,
                             wait_until)
 from tests.inprocess import InProcessNode
@@ -160,7 +160,7 @@ def test_alarm_reason_names_memory_and_disk():
 
 
 def test_sizes_and_watermarks():
-    from node.alarms import memory_limit, parse_size
+    from haremq.node.alarms import memory_limit, parse_size
     assert parse_size("50MB") == 50_000_000
     assert parse_size("1GiB") == 1 << 30
     assert parse_size("2k") == 2048 and parse_size("4096") == 4096

@@ -12,8 +12,8 @@ import sys
 import pika
 import pytest
 
-from node import ctl as node_ctl
-from node.cli import _peers
+from haremq.node import ctl as node_ctl
+from haremq.node.cli import _peers
 from tests.clusters import SECRET, ClusterMember, launch
 from tests.conftest import free_port, port_open, wait_until
 from tests.test_deploy import (KUBE_VALIDATE, ROOT, _container, _node_argv, _statefulset, docs, needs_helm,

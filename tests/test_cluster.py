@@ -52,8 +52,8 @@ def test_list_queues_spans_the_cluster(cluster):
 
 
 def test_calls_without_the_secret_are_refused(cluster):
-    from cluster.rpc import cluster_pb2 as pb
-    from cluster.rpc import cluster_pb2_grpc as pbg
+    from haremq.cluster.rpc import cluster_pb2 as pb
+    from haremq.cluster.rpc import cluster_pb2_grpc as pbg
     members, _ = cluster
     with grpc.insecure_channel(f"127.0.0.1:{members[0].cluster_port}") as channel:
         stub = pbg.ClusterStub(channel)
@@ -65,7 +65,7 @@ def test_calls_without_the_secret_are_refused(cluster):
                              metadata=(("x-haremq-secret", SECRET),))
         assert reply.ok
     bad = tempfile_secret(members[0].secret_file.parent)
-    r = subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{members[0].cluster_port}",
+    r = subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{members[0].cluster_port}",
                         "--cluster-secret-file", str(bad), "cluster-status"], capture_output=True, text=True,
                        timeout=20)
     assert r.returncode == 77 and "refused the cluster secret" in r.stderr
@@ -180,14 +180,14 @@ def test_a_returning_member_does_not_raise_the_term_while_the_leader_is_healthy(
 
 def test_generated_grpc_modules_match_the_proto():
     pytest.importorskip("grpc_tools")
-    r = subprocess.run([sys.executable, "-m", "cluster.rpc.generate", "--check"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "haremq.cluster.rpc.generate", "--check"], capture_output=True, text=True,
                        cwd=str(Path(__file__).resolve().parent.parent), timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_ctl_against_nothing_gives_one_line_error():
     port = free_port()
-    r = subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{port}", "--timeout", "2",
+    r = subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{port}", "--timeout", "2",
                         "cluster-status"], capture_output=True, text=True, timeout=30,
                        cwd=str(Path(__file__).resolve().parent.parent), env=dict(os.environ,
                                                                                    HAREMQ_CLUSTER_SECRET="x"))
@@ -551,8 +551,8 @@ def test_users_and_permissions_made_with_ctl_work_on_every_node(cluster):
             ch.queue_declare(f"dave.{m.name}")
         assert ei.value.reply_code == 403
     # admin calls run by an allow-list of names, never any Broker attribute a request names
-    from cluster.rpc import cluster_pb2 as pb
-    from cluster.rpc import cluster_pb2_grpc as pbg
+    from haremq.cluster.rpc import cluster_pb2 as pb
+    from haremq.cluster.rpc import cluster_pb2_grpc as pbg
     with grpc.insecure_channel(f"127.0.0.1:{members[1].cluster_port}") as channel:
         for method, read in (("restore", False), ("_snapshot", True), ("add_user", True)):
             arguments = json.dumps({"method": method, "args": [], "read": read}).encode()
@@ -752,8 +752,8 @@ class _Members:
 def test_pre_vote_and_leader_stickiness_keep_the_term(tmp_path):
     import asyncio
 
-    from cluster.raft import ELECTION_MIN, Raft, RaftStorage
-    from cluster.rpc import cluster_pb2 as pb
+    from haremq.cluster.raft import ELECTION_MIN, Raft, RaftStorage
+    from haremq.cluster.rpc import cluster_pb2 as pb
 
     async def scenario():
         members = _Members(["hare1", "hare3"])

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from cluster.metadata import APPLY, MetadataMachine
-from node.broker import commands as C
-from node.broker.broker import Broker
-from node.protocol.tables import encode_table
+from haremq.cluster.metadata import APPLY, MetadataMachine
+from haremq.node.broker import commands as C
+from haremq.node.broker.broker import Broker
+from haremq.node.protocol.tables import encode_table
 
 # Entries exactly as nodes wrote them before the commands were typed.
 OLD_LOG = [

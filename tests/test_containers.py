@@ -138,7 +138,7 @@ def _on_free_ports(tmp: Path) -> Path:
 
 
 def _ctl(*args, node="hare2", check=True):
-    return run(sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{CLUSTER[node]}",
+    return run(sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{CLUSTER[node]}",
                "--cluster-secret-file", str(SECRET), *args, timeout=60, check=check)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from node import cli as node_cli
+from haremq.node import cli as node_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -97,7 +97,7 @@ def parse_node_args(argv: list[str]):
     with no HAREMQ_* environment and no config file."""
     from types import SimpleNamespace
 
-    from node import settings
+    from haremq.node import settings
     assert argv[0] == "node", argv
     return SimpleNamespace(**settings.resolve(_node_parser().parse_args(argv), environ={}))
 
@@ -109,7 +109,7 @@ def _closed_port() -> int:
 
 
 def haremq(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "haremq.node.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
 
 
@@ -312,7 +312,7 @@ def test_compose_init_sets_the_ha_policy(compose_config):
     assert "--apply-to queues" in script and "/run/secrets/cluster_secret" in script
     for node in NODES:
         assert init["depends_on"][node]["condition"] == "service_healthy"
-    from node import ctl
+    from haremq.node import ctl
     ctl.build_parser().parse_args(["--node", "hare1:25672", "--cluster-secret-file", "/run/secrets/cluster_secret",
                                    "set-policy", "ha-all", "^ha\\.", '{"ha-mode":"all","ha-sync-mode":"automatic"}',
                                    "--apply-to", "queues"])

@@ -2,8 +2,8 @@
 
 import pytest
 
-from node.broker import exchange as exmod
-from node.broker.exchange import (
+from haremq.node.broker import exchange as exmod
+from haremq.node.broker.exchange import (
     TOPIC_CACHE_SIZE,
     BindingArgumentError,
     Exchange,

@@ -396,7 +396,7 @@ def test_management_off_with_port_zero(tmp_path):
 def test_user_put_with_a_password_hash_keeps_its_permissions(mnode):
     name = unique_name("hashed")
     _user(mnode, name, "management")
-    from node.broker.auth import hash_password
+    from haremq.node.broker.auth import hash_password
     status, _, _ = mnode.api("PUT", f"/api/users/{name}", {"password_hash": hash_password("new-pw"),
                                                            "tags": "monitoring"})
     assert status == 204

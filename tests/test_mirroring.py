@@ -459,8 +459,8 @@ def test_partitioned_master_is_fenced_and_nothing_confirmed_is_lost(cluster):
 
 
 def test_a_stale_epoch_is_refused_by_a_mirror(cluster):
-    from cluster.rpc import cluster_pb2 as pb
-    from cluster.rpc import cluster_pb2_grpc as pbg
+    from haremq.cluster.rpc import cluster_pb2 as pb
+    from haremq.cluster.rpc import cluster_pb2_grpc as pbg
     members, _ = cluster
     hare1, hare2, _ = members
     _policy(hare1, r"^ha\.", {"ha-mode": "all"})

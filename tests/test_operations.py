@@ -13,7 +13,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from node import settings
+from haremq.node import settings
 from tests.clusters import SECRET, ClusterMember, launch
 from tests.conftest import free_port, port_open, wait_until
 
@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def haremq(*args, env=None, input=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "haremq.node.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           env=dict(os.environ, **(env or {})), input=input, timeout=timeout)
 
 
 def _resolve(argv, environ=None):
-    from node.cli import build_parser
+    from haremq.node.cli import build_parser
     return settings.resolve(build_parser().parse_args(["node", *argv]), environ=environ or {})
 
 
@@ -100,7 +100,7 @@ def test_help_never_reads_the_environment():
 def test_version_comes_from_the_package_metadata():
     from importlib import metadata
 
-    from node.broker.broker import VERSION
+    from haremq.node.broker.broker import VERSION
     r = haremq("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"haremq {metadata.version('haremq')}" \
         and VERSION == metadata.version("haremq")
@@ -113,7 +113,7 @@ def test_node_from_config_file_and_json_logs_from_env(tmp_path):
     cfg.write_text(f'amqp_port = {port}\ndata_dir = "{tmp_path / "data"}"\nname = "cfg"\n'
                    'management_port = 0\nprometheus_port = 0\nsegment_size = 1048576\n')
     log = open(tmp_path / "log", "w+")
-    p = subprocess.Popen([sys.executable, "-m", "node.cli", "node", "--config", str(cfg)], stdout=log,
+    p = subprocess.Popen([sys.executable, "-m", "haremq.node.cli", "node", "--config", str(cfg)], stdout=log,
                          stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, HAREMQ_LOG_JSON="1"),
                          start_new_session=True)
     try:
@@ -195,7 +195,7 @@ def test_ctl_exit_codes_are_rabbitmqctl_s(one):
 
 
 def test_ctl_help_for_every_command():
-    from node.ctl import build_parser
+    from haremq.node.ctl import build_parser
     top = haremq("ctl", "--help").stdout
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     helps = {a.dest: a.help for a in sub._choices_actions}

@@ -17,7 +17,7 @@ import pytest
 from pika.exceptions import (ChannelClosedByBroker, ConnectionClosedByBroker, ProbableAccessDeniedError,
                              ProbableAuthenticationError)
 
-from node.broker.auth import hash_password
+from haremq.node.broker.auth import hash_password
 from tests.conftest import HOST, IS_REF, REF_PORT, Node, _open_clients, unique_name, wait_until
 
 PASSWORD = "s3cret"
@@ -239,7 +239,7 @@ def test_read_get_consume_purge(acl):
 # ------------------------------------------------------------------ management (in-process)
 
 def test_user_vhost_permission_management_persists(tmp_path):
-    from node.broker.broker import BrokerError
+    from haremq.node.broker.broker import BrokerError
     from tests.inprocess import InProcessNode
 
     with InProcessNode(tmp_path) as n:
@@ -289,7 +289,7 @@ def test_user_vhost_permission_management_persists(tmp_path):
 
 
 def test_definitions_export_and_import_round_trip():
-    from node.broker.broker import Broker
+    from haremq.node.broker.broker import Broker
 
     source = Broker("a")
     source.import_definitions(definitions())

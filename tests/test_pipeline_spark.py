@@ -32,7 +32,7 @@ if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
 
 import pika  # noqa: E402
 
-from pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris  # noqa: E402
+from haremq.pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -69,7 +69,7 @@ class HareNode:
         if REF_PORT:
             return self
         exe = shutil.which("haremq")
-        argv = [exe] if exe else [sys.executable, "-c", "import sys; from node.cli import main; sys.exit(main())"]
+        argv = [exe] if exe else [sys.executable, "-c", "import sys; from haremq.node.cli import main; sys.exit(main())"]
         self.log = open(self.workdir / "node.log", "ab")
         self.proc = subprocess.Popen(
             [*argv, "node", "--name", "spark", "--data-dir", str(self.workdir / "data"),
@@ -107,8 +107,8 @@ def spark():
         p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     from pyspark.sql import SparkSession
 
-    from pipeline import register
-    from pipeline.session import use_this_python
+    from haremq.pipeline import register
+    from haremq.pipeline.session import use_this_python
 
     # The workers run this interpreter (the one with pika), never `python3` from PATH.
     builder = use_this_python(SparkSession.builder, sys.executable)
@@ -241,7 +241,7 @@ def _start_job(url, src, dst, checkpoint: Path, log: Path) -> subprocess.Popen:
     env = dict(os.environ, SPARK_LOCAL_IP=HOST,
                PYTHONPATH=os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p))
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.examples.transform_job", "--uri", url, "--source", src,
+        [sys.executable, "-m", "haremq.pipeline.examples.transform_job", "--uri", url, "--source", src,
          "--target", dst, "--checkpoint", str(checkpoint), "--max-rows", "500"],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
 

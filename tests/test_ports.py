@@ -6,13 +6,13 @@ import inspect
 
 import pytest
 
-from cluster.node import ClusterNode
-from cluster.queue_service import LinkChannel
-from cluster.remote_queue import RemoteQueue, _NodeItself
-from node.broker.channel import Channel
-from node.broker.metadata import LocalMetadata
-from node.broker.ports import ConsumerChannel, MetadataPort, QueuePort, RemoteCaller
-from node.broker.queue import Queue
+from haremq.cluster.node import ClusterNode
+from haremq.cluster.queue_service import LinkChannel
+from haremq.cluster.remote_queue import RemoteQueue, _NodeItself
+from haremq.node.broker.channel import Channel
+from haremq.node.broker.metadata import LocalMetadata
+from haremq.node.broker.ports import ConsumerChannel, MetadataPort, QueuePort, RemoteCaller
+from haremq.node.broker.queue import Queue
 
 IMPLEMENTATIONS = [
     (MetadataPort, ClusterNode), (MetadataPort, LocalMetadata),

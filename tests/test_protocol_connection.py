@@ -4,8 +4,8 @@ from __future__ import annotations
 from pamqp import commands as spec
 from pamqp import frame as pframe
 
-from node.protocol.connection import AMQPConnection, State
-from node.protocol.frames import FrameReader
+from haremq.node.protocol.connection import AMQPConnection, State
+from haremq.node.protocol.frames import FrameReader
 
 HEADER = b"AMQP\x00\x00\x09\x01"
 

@@ -550,9 +550,9 @@ def test_queue_ttl_after_restart(own_node):
 # ------------------------------------------------------------------ policies (in-process)
 
 def test_policy_definition_applies_to_a_queue():
-    from node.broker.queue import Queue
-    from node.broker.message import Message
-    from node.protocol.properties import encode_properties
+    from haremq.node.broker.queue import Queue
+    from haremq.node.broker.message import Message
+    from haremq.node.protocol.properties import encode_properties
     from pamqp.commands import Basic
 
     raw = encode_properties(Basic.Properties())
@@ -582,8 +582,8 @@ def test_policy_definition_applies_to_a_queue():
 
 
 def test_vhost_policies_pick_the_highest_priority_match():
-    from node.broker.policy import PolicyError, validate
-    from node.broker.vhost import VHost
+    from haremq.node.broker.policy import PolicyError, validate
+    from haremq.node.broker.vhost import VHost
 
     vhost = VHost("/")
     vhost.policies["all-ttl"] = validate("all-ttl", ".*", {"message-ttl": 1000}, 0, "all")

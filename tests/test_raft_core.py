@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from cluster import raft_core as rules
+from haremq.cluster import raft_core as rules
 
 
 @dataclass

@@ -9,7 +9,7 @@ import random
 
 import pika
 
-from cluster.discovery import dns_members
+from haremq.cluster.discovery import dns_members
 from tests.clusters import SECRET, ClusterMember, HostNames, ctl, ctl_json, launch, stop_cluster
 from tests.conftest import free_port, wait_until
 

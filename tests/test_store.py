@@ -205,7 +205,7 @@ def test_corrupt_record_mid_log_refuses_start_unless_skipped(store_node, tmp_pat
 
 def test_lone_publisher_waits_one_fsync_and_many_share(tmp_path):
     # CONF-6, in-process: the store's own counters show fsyncs per confirm
-    from node.app import Node as HareNode, NodeConfig
+    from haremq.node.app import Node as HareNode, NodeConfig
 
     async def scenario():
         node = HareNode(NodeConfig(name="gc", data_dir=tmp_path / "gc", amqp_port=free_port()))

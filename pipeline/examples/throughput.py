@@ -52,10 +52,10 @@ def main(argv=None) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from pipeline import register
-    from pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris
+    from haremq.pipeline import register
+    from haremq.pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris
 
-    from pipeline.session import use_this_python
+    from haremq.pipeline.session import use_this_python
 
     spark = (use_this_python(SparkSession.builder).master(a.master).appName("haremq-throughput")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")

@@ -15,7 +15,7 @@ import sys
 
 import pika
 
-from pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris
+from haremq.pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris
 
 
 def fill(uri: str, queue: str, count: int, also=()) -> int:

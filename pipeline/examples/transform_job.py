@@ -19,7 +19,7 @@ import sys
 def build(spark, uri: str, source: str, target: str, checkpoint: str, max_rows: int):
     from pyspark.sql import functions as F
 
-    from pipeline import register
+    from haremq.pipeline import register
 
     register(spark)
     messages = (spark.readStream.format("haremq")
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    from pipeline.session import use_this_python
+    from haremq.pipeline.session import use_this_python
 
     builder = (SparkSession.builder.appName("haremq-transform")
                .config("spark.ui.showConsoleProgress", "false"))
