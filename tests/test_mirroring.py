@@ -233,6 +233,36 @@ def test_a_surviving_mirror_is_reconciled_with_the_new_master_not_copied_again(c
     assert [int(b) for b, _r in _drain(survivor, "ha.keep")] == list(range(500, 3000))
 
 
+def test_a_consumer_with_its_prefetch_full_goes_on_when_its_node_becomes_master(cluster):
+    """The consumer holds a full prefetch of deliveries from the old master when its own node is
+    promoted: acking them frees credit on the new master, which delivers the rest."""
+    members, _ = cluster
+    hare1, _hare2, _hare3 = members
+    promoted_name = _mirrored_on_all(hare1, "ha.credit")["synchronised_mirrors"][0]
+    promoted = next(m for m in members if m.name == promoted_name)
+    pc, pub = _chan(hare1, confirm=True)
+    for i in range(50):
+        pub.basic_publish("", "ha.credit", str(i).encode(), PERSISTENT)
+    pc.close()
+    cc, cons = _chan(promoted)
+    cons.basic_qos(prefetch_count=10)
+    got = []
+
+    def on_message(ch, method, _props, body):
+        got.append((method, body))
+        if len(got) > 10:
+            ch.basic_ack(method.delivery_tag)
+    cons.basic_consume("ha.credit", on_message)
+    wait_until(lambda: cc.process_data_events(0.05) or len(got) == 10, timeout=10)
+    hare1.kill9()
+    wait_until(lambda: (lambda r: r if r and r["master"] == promoted_name else None)(
+        queue_row(promoted, "ha.credit")), timeout=15)
+    cons.basic_ack(got[9][0].delivery_tag, multiple=True)
+    wait_until(lambda: cc.process_data_events(0.05) or len({b for _m, b in got}) == 50, timeout=15)
+    assert sorted(int(b) for _m, b in got) == list(range(50))      # each once
+    cc.close()
+
+
 def test_messages_unacked_when_mirroring_starts_survive_a_failover(cluster):
     # a policy makes a queue mirrored while a consumer holds deliveries: the mirrors get those
     # too, so a failover after the consumer's node dies loses none of them

@@ -232,11 +232,16 @@ class BasicMethods:
         if requeue is None:
             self.acked_total += len(records)
         touched: dict[Queue, list[Entry]] = defaultdict(list)
+        # a consumer moved to another queue handle since the delivery (its queue failed over to a
+        # master on this node): the credit freed here is that queue's to use
+        moved: set[Queue] = set()
         for record in records:
             consumer = record.consumer
             if consumer is not None:
                 consumer.unacked -= 1
                 self.global_unacked -= 1
+                if consumer.queue is not record.queue:
+                    moved.add(consumer.queue)
             touched[record.queue].append(record.entry)
         for queue, entries in touched.items():
             if requeue:
@@ -249,7 +254,7 @@ class BasicMethods:
             if self.parked:
                 self._unpark()
             self._dispatch_all()
-        for queue in touched:
+        for queue in touched.keys() | moved:
             if queue.consumers:
                 queue.dispatch()
 
