@@ -116,9 +116,7 @@ class AMQPProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing() or self.lingering:
             return
-        if not self.session.output_ready(self._schedule_flush):
-            return
-        data = self.session.data_to_send()
+        data = self.session.take_output(self._schedule_flush)
         if data:
             transport.write(data)
             self.last_sent = self.loop.time()
@@ -139,7 +137,7 @@ class AMQPProtocol(asyncio.Protocol):
             self._close_timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._linger)
         if state is State.CLOSE_RECEIVED and self._close_timer is None:
             self._close_timer = self.loop.call_later(PEER_CLOSE_TIMEOUT, self._peer_close_deadline)
-        if not self.paused:
+        if self.session.starved and not self.paused:
             self.session.drained()
 
     def _peer_close_deadline(self) -> None:

@@ -293,7 +293,8 @@ class BasicMethods:
         if expiration is not None:
             expiration = parse_expiration(expiration)
         message = Message(publish.exchange, publish.routing_key, props_raw, body,
-                          props.delivery_mode == 2, props.priority, expiration)
+                          props.delivery_mode == 2, props.priority, expiration,
+                          publish.exchange_raw, publish.routing_key_raw)
         if self.mode is Mode.TX:
             self.tx_publishes.append((exchange, message, props, publish.mandatory))
             return
@@ -379,10 +380,3 @@ class BasicMethods:
         self.session.send_method(self.id, cmd.Basic.Return(ReplyCode.NO_ROUTE, "NO_ROUTE",
                                                            message.exchange, message.routing_key))
         self.session.write(encode_content(self.id, message.props_raw, message.body, self.session.frame_max))
-
-    def flush_confirms(self) -> None:
-        confirms = self.confirms
-        if confirms is None or not confirms.ready or self.closed:
-            return
-        for tag, multiple, nack in confirms.flush():
-            self.session.write_confirm(self.id, tag, multiple, nack)

@@ -6,15 +6,14 @@ queue alone.
 """
 from __future__ import annotations
 
-from ..protocol.frames import shortstr
-
 
 class Message:
     __slots__ = ("exchange", "routing_key", "props_raw", "body", "persistent", "priority",
-                 "expiration", "_exchange_raw", "_routing_key_raw", "publish_id")
+                 "expiration", "exchange_raw", "routing_key_raw", "publish_id")
 
     def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes,
-                 persistent: bool = False, priority: int | None = None, expiration: int | None = None):
+                 persistent: bool = False, priority: int | None = None, expiration: int | None = None,
+                 exchange_raw: bytes | None = None, routing_key_raw: bytes | None = None):
         self.exchange = exchange
         self.routing_key = routing_key
         self.props_raw = props_raw
@@ -22,26 +21,22 @@ class Message:
         self.persistent = persistent
         self.priority = priority
         self.expiration = expiration     # the `expiration` property in milliseconds, checked at publish
-        self._exchange_raw = None
-        self._routing_key_raw = None
+        # the two names as AMQP shortstrs, as the publish carried them: the store and every
+        # delivery write them as they are
+        if exchange_raw is None:
+            raw = exchange.encode()
+            exchange_raw = bytes((len(raw),)) + raw
+        if routing_key_raw is None:
+            raw = routing_key.encode()
+            routing_key_raw = bytes((len(raw),)) + raw
+        self.exchange_raw = exchange_raw
+        self.routing_key_raw = routing_key_raw
         self.publish_id = 0      # set when forwarded to another node's queue (see cluster.remote_queue)
 
     @property
     def size(self) -> int:
         return len(self.body)
 
-    @property
-    def exchange_raw(self) -> bytes:
-        """The exchange name as an AMQP shortstr, encoded once for every delivery."""
-        if self._exchange_raw is None:
-            self._exchange_raw = shortstr(self.exchange)
-        return self._exchange_raw
-
-    @property
-    def routing_key_raw(self) -> bytes:
-        if self._routing_key_raw is None:
-            self._routing_key_raw = shortstr(self.routing_key)
-        return self._routing_key_raw
 
 
 class Entry:

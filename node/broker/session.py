@@ -82,24 +82,30 @@ class Session:
     def send_method(self, channel: int, method) -> None:
         self.write(encode_method(channel, method))
 
-    def write_confirm(self, channel: int, tag: int, multiple: bool, nack: bool) -> None:
-        self.write(encode_confirm(channel, tag, multiple, nack))
-
     def gate_on(self, store) -> None:
         """A delivery was recorded in the log: it must reach the OS before the client sees it,
         so a kill -9 cannot lose the fact that the message was delivered (redelivered flag)."""
         self.gate = store.append_position
         self.gate_store = store
 
-    def output_ready(self, retry) -> bool:
-        """False (and retry() later) while gated output waits for the store's write."""
+    def take_output(self, retry) -> bytes | None:
+        """What to write to the socket now: the confirms ready (coalesced) and every frame
+        queued. None (and retry() later) while gated output waits for the store's write."""
         gate = self.gate
-        if gate is None:
-            return True
-        if self.gate_store.when_written(gate, retry):
+        if gate is not None:
+            if not self.gate_store.when_written(gate, retry):
+                return None
             self.gate = None
-            return True
-        return False
+        if self._confirm_channels:
+            channels = self._confirm_channels
+            self._confirm_channels = set()
+            for channel in channels:
+                confirms = channel.confirms
+                if confirms is not None and confirms.ready and not channel.closed:
+                    for tag, multiple, nack in confirms.flush():
+                        self.conn.send_raw(encode_confirm(channel.id, tag, multiple, nack))
+        self.pending_bytes = 0
+        return self.conn.data_to_send()
 
     def note_confirms(self, channel: Channel) -> None:
         """A channel has confirms to send; they go out, coalesced, at the next drain."""
@@ -107,15 +113,6 @@ class Session:
             self.wakeup()
             self.broker.confirming.add(self)
         self._confirm_channels.add(channel)
-
-    def data_to_send(self) -> bytes:
-        if self._confirm_channels:
-            channels = self._confirm_channels
-            self._confirm_channels = set()
-            for channel in channels:
-                channel.flush_confirms()
-        self.pending_bytes = 0
-        return self.conn.data_to_send()
 
     def drained(self) -> None:
         """The server wrote our output and the socket is accepting more: resume starved queues."""

@@ -96,9 +96,10 @@ class DirectConnection:
 
     def _drain(self) -> None:
         self._scheduled = False
-        if not self.session.output_ready(self._schedule):
+        data = self.session.take_output(self._schedule)
+        if data is None:
             return
-        self._buffer += self.session.data_to_send()
+        self._buffer += data
         while self._buffer:
             try:
                 used, channel, frame = pframe.unmarshal(bytes(self._buffer))

@@ -125,30 +125,35 @@ def decode_method(payload: bytes):
 class Publish:
     """basic.publish, decoded by hand: it is the hottest inbound method."""
 
-    __slots__ = ("exchange", "routing_key", "mandatory", "immediate")
+    __slots__ = ("exchange", "routing_key", "mandatory", "immediate", "exchange_raw", "routing_key_raw")
     name = "Basic.Publish"
     index = PUBLISH
 
-    def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool):
+    def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool,
+                 exchange_raw: bytes, routing_key_raw: bytes):
         self.exchange = exchange
         self.routing_key = routing_key
         self.mandatory = mandatory
         self.immediate = immediate
+        self.exchange_raw = exchange_raw            # the names as shortstrs, kept for the store
+        self.routing_key_raw = routing_key_raw
 
 
 def _decode_publish(payload: bytes) -> Publish:
     try:
         pos = 6  # index(4) + reserved short(2)
         n = payload[pos]
-        exchange = payload[pos + 1:pos + 1 + n].decode()
+        exchange_raw = payload[pos:pos + 1 + n]
+        exchange = exchange_raw[1:].decode()
         pos += 1 + n
         n = payload[pos]
-        routing_key = payload[pos + 1:pos + 1 + n].decode()
+        routing_key_raw = payload[pos:pos + 1 + n]
+        routing_key = routing_key_raw[1:].decode()
         pos += 1 + n
         bits = payload[pos]
     except (IndexError, UnicodeDecodeError):
         raise AMQPError(ReplyCode.SYNTAX_ERROR, "cannot decode Basic.Publish", 60, 40) from None
-    return Publish(exchange, routing_key, bool(bits & 1), bool(bits & 2))
+    return Publish(exchange, routing_key, bool(bits & 1), bool(bits & 2), exchange_raw, routing_key_raw)
 
 
 def decode_content_header(payload: bytes) -> tuple[int, int, bytes]:
