@@ -261,6 +261,12 @@ class _NodeItself:
     def remote_settled(self, _seqs, _ok) -> None:
         return None
 
+    def publish_settled(self, _ok, _seq) -> None:
+        return None
+
+    def linked_to(self, _queue) -> None:
+        return None
+
     def fail_channel(self, _channel_id, _err) -> None:
         return None
 
@@ -349,6 +355,7 @@ class RemoteQueue:
             if self.mirrored and self._failing():     # not to a home whose stream just broke
                 raise AMQPError(ReplyCode.NOT_FOUND, f"home node of {self.describe()} is down")
             link = self._links[channel] = QueueLink(self, channel)
+            channel.linked_to(self)
         return link
 
     def unlink(self, channel, carry: bool = False) -> None:

@@ -1,17 +1,17 @@
-"""One AMQP channel's broker-side state: deliveries, acks, prefetch, confirms, transactions.
+"""One AMQP channel as the broker sees it: its mode, consumers, confirms and transactions.
 
-Delivery tags are per channel (ACK-1). Every delivery in manual-ack mode
-stays in `unacked` until acked, rejected or nacked; whatever is left when the
-channel ends goes back to its queue as redelivered (ACK-6). The channel's
-mode is normal, confirm or tx; switching between confirm and tx is refused
-(CONF-1).
+The channel's mode is normal, confirm or tx; switching between confirm and
+tx is refused (CONF-1). Its deliveries the client has not answered and its
+prefetch are one `Deliveries` (node/broker/deliveries.py); whatever is left
+unanswered when the channel ends goes back to its queue as redelivered
+(ACK-6).
 
-This module holds that state, the delivery path a queue pushes into, the
-method table, and the ways a method is answered: at once, once written
-durably, or once the cluster's log or a queue's home node has answered (the
-channel is "held" meanwhile and its later frames wait). The methods
-themselves live with their AMQP class: channel_exchange.py,
-channel_queue.py, channel_basic.py and channel_confirm_tx.py.
+This module holds the delivery path a queue pushes into, the method table,
+and the ways a method is answered: at once, once written durably, or once
+the cluster's log or a queue's home node has answered (the channel is
+"held" meanwhile and its later frames wait). The methods themselves live
+with their AMQP class: channel_exchange.py, channel_queue.py,
+channel_basic.py and channel_confirm_tx.py.
 """
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ from pamqp import commands as cmd
 
 from ..protocol.frames import encode_deliver
 from ..protocol.replies import AMQPError, ReplyCode, error
-from .channel_basic import BasicMethods, Unacked
-from .channel_confirm_tx import ConfirmTxMethods, Mode, RemoteWait
+from .channel_basic import BasicMethods
+from .channel_confirm_tx import CommitWait, ConfirmTxMethods, Mode
 from .channel_exchange import ExchangeMethods
 from .channel_queue import QueueMethods
 from .commands import Bind, Command
 from .confirms import ConfirmTracker
+from .deliveries import Deliveries
 from .message import Entry
 from .queue import Consumer, Queue
 
@@ -36,19 +37,13 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
         self.session = session
         self.id = channel_id
         self.vhost = session.vhost
-        self.next_tag = 1
-        self.unacked: dict[int, Unacked] = {}
+        self.deliveries = Deliveries()
         self.consumers: dict[str, Consumer] = {}
-        self.prefetch_consumer = 0
-        self.prefetch_global = 0
-        self.global_unacked = 0
         self.mode = Mode.NORMAL
         self.confirms: ConfirmTracker | None = None
         self.tx_publishes: list[tuple] = []
-        self.tx_acks: list[tuple[str, list[Unacked], bool]] = []
-        self.tx_replicas: dict | None = None     # during tx.commit: mirrored queues published to
-        self.tx_remote: RemoteWait | None = None  # during tx.commit: publishes to queues homed elsewhere
-        self.tx_remote_seq = 0
+        self.tx_acks: list[tuple[str, list, bool]] = []
+        self.tx_commit: CommitWait | None = None   # during tx.commit: its publishes, until each is safe
         self.last_queue = ""
         self.reply_token: str | None = None
         self.reply_consumer_tag: str | None = None
@@ -56,7 +51,6 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
         self.remote_queues: set = set()   # queues homed elsewhere this channel has a link to
         self.held = False                 # waiting for durability: later frames wait in backlog
         self.backlog: deque = deque()
-        self.parked: deque = deque()      # (consumer, entry) pushed by a home node over the global cap
         self.cancels_after_reply: list[str] | None = None   # during queue.delete: basic.cancel after delete-ok
         # counters read by the management API and /metrics; the broker keeps them when it closes
         self.published_total = self.delivered_total = self.acked_total = 0
@@ -65,25 +59,28 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
         return f"<Channel {self.id}>"
 
     # ---- delivery --------------------------------------------------------------------
+    @property
+    def prefetch_global(self) -> int:
+        return self.deliveries.prefetch_global
+
+    def linked_to(self, queue) -> None:
+        """A queue homed elsewhere opened a link for this channel: unlinked when the channel ends."""
+        self.remote_queues.add(queue)
+
     def can_deliver(self) -> bool:
-        if self.closed:
-            return False
-        if self.prefetch_global and self.global_unacked >= self.prefetch_global:
+        if self.closed or self.deliveries.full():
             return False
         return self.session.can_write()
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
         self.delivered_total += 1
-        tag = self.next_tag
-        self.next_tag = tag + 1
+        tag = self.deliveries.tag()
         message = entry.message
         self.session.write(encode_deliver(self.id, consumer.tag_raw, tag, entry.redelivered,
                                           message.exchange_raw, message.routing_key_raw,
                                           message.props_raw, message.body, self.session.frame_max))
         if not consumer.no_ack:
-            self.unacked[tag] = Unacked(tag, entry, consumer.queue, consumer)
-            consumer.unacked += 1
-            self.global_unacked += 1
+            self.deliveries.delivered(tag, entry, consumer.queue, consumer)
             if entry.msg_id and consumer.queue.store.is_written(entry.msg_id):
                 # Its DELIVER record must be in the OS before the client sees it; if the
                 # ENQUEUE is not written yet, both go out in the same write anyway.
@@ -93,37 +90,36 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
         """A delivery pushed by the home node of a queue homed elsewhere. The home keeps each
         consumer's prefetch; the channel-wide (global) one is kept here: deliveries over it wait,
         in order, for acks to make room (QOS-1, QOS-2)."""
-        if self.parked:
-            self.parked.append((consumer, entry))
+        parked = self.deliveries.parked
+        if parked:
+            parked.append((consumer, entry))
             self._unpark()
-        elif self._room_for(consumer):
+        elif self.deliveries.room_for(consumer):
             self.deliver(consumer, entry)
         else:
-            self.parked.append((consumer, entry))
-
-    def _room_for(self, consumer: Consumer) -> bool:
-        return consumer.no_ack or not self.prefetch_global or self.global_unacked < self.prefetch_global
+            parked.append((consumer, entry))
 
     def _unpark(self) -> None:
-        parked = self.parked
+        parked = self.deliveries.parked
         while parked and not self.closed:
             consumer, entry = parked[0]
             if entry.link.closed:          # its home went away; the home requeues it, if it returns
                 parked.popleft()
                 entry.link.queue.requeue([entry])   # and the client never had it (a failover's redelivery)
                 continue
-            if not self._room_for(consumer):
+            if not self.deliveries.room_for(consumer):
                 return
             parked.popleft()
             self.deliver(consumer, entry)
 
     def _give_back_parked(self, consumer: Consumer) -> None:
         """A cancelled consumer's deliveries that never reached the client go back to the queue."""
-        if not self.parked:
+        parked = self.deliveries.parked
+        if not parked:
             return
-        mine = [entry for c, entry in self.parked if c is consumer]
+        mine = [entry for c, entry in parked if c is consumer]
         if mine:
-            self.parked = deque((c, e) for c, e in self.parked if c is not consumer)
+            self.deliveries.parked = deque((c, e) for c, e in parked if c is not consumer)
             consumer.queue.requeue(mine)
             self._unpark()
 
@@ -204,34 +200,21 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
         else:
             self._hold(method)
 
-    def _hold(self, reply, replicated=(), remote: "RemoteWait | None" = None) -> None:
-        """Send `reply` when everything written so far is durable (and, for each (replica, seq)
-        in `replicated`, on every in-sync mirror of that queue; and every publish in `remote`
-        safe on its queue's home node); frames after it wait."""
+    def _hold(self, reply, commit: "CommitWait | None" = None) -> None:
+        """Send `reply` when everything written so far is durable (and every publish of `commit`
+        is safe on its queue: durable, on every in-sync mirror, on its home node); frames after
+        it wait."""
         store = self.session.broker.store
-        waits = [lambda done, r=replica, s=seq: r.when_replicated(s, True, done, ())
-                 for replica, seq in replicated]
-        if remote is not None and remote.seqs:
-            waits.append(remote.when_settled)
-        if store is None and not waits:
+        if store is None and commit is None:
             self._reply(reply)
             return
         self.held = True
-        if not waits:
+        if commit is None:
             store.when_durable(self._release, reply)
-            return
-        waiting = [len(waits), True]
-
-        def arrived(ok: bool) -> None:
-            waiting[0] -= 1
-            waiting[1] = waiting[1] and ok
-            if waiting[0] == 0:
-                if store is None:
-                    self._release(waiting[1], reply)
-                else:
-                    store.when_durable(lambda durable: self._release(durable and waiting[1], reply))
-        for wait in waits:
-            wait(arrived)
+        elif store is None:
+            commit.when_settled(lambda ok: self._release(ok, reply))
+        else:
+            commit.when_settled(lambda ok: store.when_durable(lambda durable: self._release(durable and ok, reply)))
 
     def _release(self, ok: bool, reply) -> None:
         if self.closed:
@@ -265,16 +248,15 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
         self.closed = True
         self.session.broker.retire_counters(self)
         self.backlog.clear()
-        self.parked.clear()          # still out on their home nodes, which requeue them (below)
+        self.deliveries.parked.clear()   # still out on their home nodes, which requeue them (below)
         self._drop_reply_to()
         consumers = list(self.consumers.values())
         self.consumers.clear()
         for consumer in consumers:
             consumer.queue.remove_consumer(consumer)
-        pending = list(self.unacked.values())
+        pending = self.deliveries.take_all()
         for _kind, records, _requeue in self.tx_acks:
             pending.extend(records)
-        self.unacked.clear()
         self.tx_acks = []
         self.tx_publishes = []
         by_queue: dict[Queue, list[Entry]] = defaultdict(list)

@@ -1,9 +1,11 @@
 """The basic class of a channel: consuming, getting, acknowledging and publishing.
 
 A mixin of `Channel` (node/broker/channel.py), over its delivery and ack
-state: delivery tags, the unacked map, prefetch accounting and the confirm
-tracker. A publish routes to its queues here; its confirm is released when
-every queue reports it safe (CONF-4).
+state (`Deliveries`: delivery tags, the unacked map, prefetch accounting) and
+its confirm tracker. A publish routes to its queues here and goes to each
+the same way, whether the queue's master is here or on another node
+(`publish_from`); its confirm is released when every queue reports it safe
+(CONF-4).
 """
 from __future__ import annotations
 
@@ -18,21 +20,10 @@ from .channel_confirm_tx import Mode
 from .expiry import parse_expiration
 from .message import Entry, Message
 from .permissions import READ, WRITE
-from .queue import LOGGED, SAFE, Consumer, Queue, consumer_priority
+from .deliveries import Unacked
+from .queue import Consumer, Queue, consumer_priority
 from .reply_to import REPLY_TO, REPLY_TO_PREFIX
 from .vhost import server_name
-
-
-class Unacked:
-    """A delivery waiting for its ack: which entry, from which queue, through which consumer."""
-
-    __slots__ = ("tag", "entry", "queue", "consumer")
-
-    def __init__(self, tag: int, entry: Entry, queue: Queue, consumer: Consumer | None):
-        self.tag = tag
-        self.entry = entry
-        self.queue = queue
-        self.consumer = consumer
 
 
 class BasicMethods:
@@ -43,12 +34,12 @@ class BasicMethods:
         if m.prefetch_count < 0 or m.prefetch_count > 65535:
             raise error(ReplyCode.PRECONDITION_FAILED, f"prefetch count {m.prefetch_count} out of range", m)
         if m.global_:
-            self.prefetch_global = m.prefetch_count
+            self.deliveries.prefetch_global = m.prefetch_count
             for consumer in self.consumers.values():   # their caps on other nodes follow
                 if consumer.queue.remote:
                     consumer.queue.prefetch_changed(consumer)
         else:
-            self.prefetch_consumer = m.prefetch_count
+            self.deliveries.prefetch_consumer = m.prefetch_count
         self._reply(cmd.Basic.QosOk())
         self._unpark()
         self._dispatch_all()
@@ -67,12 +58,11 @@ class BasicMethods:
             raise error(ReplyCode.ACCESS_REFUSED,
                         f"queue '{queue.name}' in vhost '{queue.vhost}' in exclusive use", m)
         consumer_priority(m.arguments, queue)
-        consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, self.prefetch_consumer,
+        consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, self.deliveries.prefetch_consumer,
                             dict(m.arguments or {}))
         self.consumers[tag] = consumer
         if queue.remote and not m.nowait:
             # consume-ok once the home node has the consumer (or refused it: a channel error)
-            self._remote(queue)
             self.held = True
             try:
                 queue.add_consumer(consumer, lambda: self._consumed(tag))
@@ -82,8 +72,6 @@ class BasicMethods:
                 raise
             return
         self._reply(cmd.Basic.ConsumeOk(tag), m.nowait)
-        if queue.remote:
-            self._remote(queue)
         queue.add_consumer(consumer)
 
     def _consumed(self, tag: str) -> None:
@@ -107,8 +95,7 @@ class BasicMethods:
         """A direct reply-to message: straight to this channel's reply consumer, no ack."""
         if self.closed or self.reply_consumer_tag is None:
             return
-        tag = self.next_tag
-        self.next_tag = tag + 1
+        tag = self.deliveries.tag()
         self.session.write(encode_deliver(self.id, shortstr(self.reply_consumer_tag), tag, False,
                                           message.exchange_raw, message.routing_key_raw,
                                           message.props_raw, message.body, self.session.frame_max))
@@ -127,10 +114,6 @@ class BasicMethods:
             self.session.broker.unregister_reply_to(self.reply_token)
         self.reply_token = None
         self.reply_consumer_tag = None
-
-    def _remote(self, queue):
-        self.remote_queues.add(queue)
-        return queue
 
     def _basic_get(self, m) -> None:
         self.session.access.check(READ, "queue", self._queue_name(m.queue, m), m)
@@ -153,15 +136,12 @@ class BasicMethods:
         self.session.wakeup()
 
     def _get_from(self, queue, no_ack: bool) -> None:
-        if queue.remote:     # homed on another node: answer when it does; later frames wait
-            self.held = True
-            self._remote(queue).get_from(self, no_ack, lambda entry, count: self._got(queue, no_ack, entry, count))
-            return
-        entry = queue.take(no_ack)
-        self._answer_get(queue, no_ack, entry, queue.message_count)
+        """Answered at once by a master here, later by one elsewhere: later frames wait till then."""
+        self.held = True
+        queue.get_from(self, no_ack, lambda entry, count: self._got(queue, no_ack, entry, count))
 
     def _got(self, queue, no_ack: bool, entry, message_count: int) -> None:
-        """A queue's home node answered a basic.get."""
+        """The queue answered a basic.get."""
         if self.closed:
             if entry is not None and not no_ack:
                 queue.requeue([entry])
@@ -174,54 +154,33 @@ class BasicMethods:
             self.session.send_method(self.id, cmd.Basic.GetEmpty())
             return
         self.delivered_total += 1
-        tag = self.next_tag
-        self.next_tag = tag + 1
+        tag = self.deliveries.tag()
         message = entry.message
         self.session.send_method(self.id, cmd.Basic.GetOk(tag, entry.redelivered, message.exchange,
                                                           message.routing_key, message_count))
         self.session.write(encode_content(self.id, message.props_raw, message.body, self.session.frame_max))
         if not no_ack:
-            self.unacked[tag] = Unacked(tag, entry, queue, None)
+            self.deliveries.delivered(tag, entry, queue, None)
             if entry.msg_id and queue.store.is_written(entry.msg_id):
                 self.session.gate_on(queue.store)
 
     # ---- basic class: acknowledgements ---------------------------------------------------
-    def _take_unacked(self, tag: int, multiple: bool, method) -> list[Unacked]:
-        unacked = self.unacked
-        if multiple:
-            if tag == 0:
-                records = list(unacked.values())
-                unacked.clear()
-                return records
-            if tag not in unacked:
-                raise error(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {tag}", method)
-            records = []
-            for key in list(unacked):
-                if key > tag:
-                    break
-                records.append(unacked.pop(key))
-            return records
-        record = unacked.pop(tag, None)
-        if record is None:
-            raise error(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {tag}", method)
-        return [record]
-
     def _basic_ack(self, m) -> None:
-        records = self._take_unacked(m.delivery_tag, m.multiple, m)
+        records = self.deliveries.take(m.delivery_tag, m.multiple, m)
         if self.mode is Mode.TX:
             self.tx_acks.append(("ack", records, False))
             return
         self._settle(records, requeue=None)
 
     def _basic_reject(self, m) -> None:
-        records = self._take_unacked(m.delivery_tag, False, m)
+        records = self.deliveries.take(m.delivery_tag, False, m)
         if self.mode is Mode.TX:
             self.tx_acks.append(("reject", records, m.requeue))
             return
         self._settle(records, requeue=m.requeue)
 
     def _basic_nack(self, m) -> None:
-        records = self._take_unacked(m.delivery_tag, m.multiple, m)
+        records = self.deliveries.take(m.delivery_tag, m.multiple, m)
         if self.mode is Mode.TX:
             self.tx_acks.append(("nack", records, m.requeue))
             return
@@ -231,17 +190,9 @@ class BasicMethods:
         """Finish deliveries: acked (requeue None), discarded (False) or put back (True)."""
         if requeue is None:
             self.acked_total += len(records)
+        moved = self.deliveries.released(records)
         touched: dict[Queue, list[Entry]] = defaultdict(list)
-        # a consumer moved to another queue handle since the delivery (its queue failed over to a
-        # master on this node): the credit freed here is that queue's to use
-        moved: set[Queue] = set()
         for record in records:
-            consumer = record.consumer
-            if consumer is not None:
-                consumer.unacked -= 1
-                self.global_unacked -= 1
-                if consumer.queue is not record.queue:
-                    moved.add(consumer.queue)
             touched[record.queue].append(record.entry)
         for queue, entries in touched.items():
             if requeue:
@@ -250,8 +201,8 @@ class BasicMethods:
                 queue.settle(entries)
             else:
                 queue.reject(entries)
-        if self.prefetch_global:
-            if self.parked:
+        if self.deliveries.prefetch_global:
+            if self.deliveries.parked:
                 self._unpark()
             self._dispatch_all()
         for queue in touched.keys() | moved:
@@ -261,9 +212,7 @@ class BasicMethods:
     def _basic_recover(self, m) -> None:
         if not m.requeue:
             raise error(ReplyCode.NOT_IMPLEMENTED, "requeue=false", m)
-        records = list(self.unacked.values())
-        self.unacked.clear()
-        self._settle(records, requeue=True)
+        self._settle(self.deliveries.take_all(), requeue=True)
         if isinstance(m, cmd.Basic.Recover):
             self._reply(cmd.Basic.RecoverOk())
 
@@ -317,64 +266,36 @@ class BasicMethods:
             if confirms is not None:
                 confirms.publish(0)
             return
-        if confirms is None:
-            for queue in queues:
-                if queue.remote:
-                    seq = 0
-                    if self.tx_replicas is not None:   # committing: the commit-ok waits for the home
-                        self.tx_remote_seq += 1
-                        seq = self.tx_remote_seq
-                        self.tx_remote.seqs.add(seq)
-                    self._remote(queue).publish_from(self, message, seq)
-                else:
-                    queue.publish(message)
-                    if queue.replica is not None and self.tx_replicas is not None:
-                        self.tx_replicas[queue.replica] = queue.replica.seq
-            return
-        seq = confirms.publish(len(queues))
+        if confirms is not None:
+            seq = confirms.publish(len(queues))
+        elif self.tx_commit is not None:     # committing: the commit-ok waits for every queue
+            seq = self.tx_commit.publish(len(queues))
+        else:
+            seq = 0
         for queue in queues:
-            if queue.remote:   # homed on another node
-                self._remote(queue).publish_from(self, message, seq)
-                continue
-            outcome = queue.publish(message)
-            if outcome == LOGGED:
-                queue.when_safe(self._on_durable, seq)
-            else:
-                confirms.settle(seq, outcome == SAFE)
+            queue.publish_from(self, message, seq)
 
-    def remote_settled(self, seqs, ok: bool) -> None:
-        """A queue's home node reports forwarded publishes safe (or refused them, or went away):
-        they are confirmed or nacked, or a tx.commit waiting for them goes on."""
+    def publish_settled(self, ok: bool, seq: int) -> None:
+        """A queue reports publish `seq` safe (or refused it): one signal towards its confirm, or
+        towards the tx.commit that is waiting for it."""
         if self.closed:
             return
         if self.confirms is not None:
-            for seq in seqs:
-                self.confirms.settle(seq, ok)
+            self.confirms.settle(seq, ok)
             self.session.note_confirms(self)
-        elif self.tx_remote is not None:
-            self.tx_remote.settled(seqs, ok)
+        elif self.tx_commit is not None:
+            self.tx_commit.settled(seq, ok)
+
+    def remote_settled(self, seqs, ok: bool) -> None:
+        """A queue's home node reports forwarded publishes safe (or refused them, or went away)."""
+        for seq in seqs:
+            self.publish_settled(ok, seq)
 
     def republish(self, queue, message: Message, seq: int) -> None:
         """A publish held while its mirrored queue failed over, placed on the new master (here or
         on another node): confirmed (or a tx.commit released) once it is safe there."""
-        if self.closed:
-            return
-        if queue.remote:
-            self._remote(queue).publish_from(self, message, seq)
-            return
-        outcome = queue.publish(message)
-        if not seq:
-            return
-        if outcome == LOGGED:
-            queue.when_safe(lambda ok, s: self.remote_settled((s,), ok), seq)
-        else:
-            self.remote_settled((seq,), outcome == SAFE)
-
-    def _on_durable(self, ok: bool, seq: int) -> None:
-        if self.closed:
-            return
-        self.confirms.settle(seq, ok)
-        self.session.note_confirms(self)
+        if not self.closed:
+            queue.publish_from(self, message, seq)
 
     def _return(self, message: Message) -> None:
         self.session.send_method(self.id, cmd.Basic.Return(ReplyCode.NO_ROUTE, "NO_ROUTE",

@@ -41,16 +41,15 @@ class ConfirmTxMethods:
             raise error(ReplyCode.PRECONDITION_FAILED, "channel is not transactional", m)
         publishes, self.tx_publishes = self.tx_publishes, []
         acks, self.tx_acks = self.tx_acks, []
-        self.tx_replicas = {}
-        self.tx_remote = remote = RemoteWait()
+        # numbers this commit's publishes until the next commit (none starts before commit-ok)
+        self.tx_commit = commit = CommitWait()
         for exchange, message, props, mandatory in publishes:
             self._route_and_enqueue(exchange, message, props, mandatory)
-        replicas, self.tx_replicas = self.tx_replicas, None
         for kind, records, requeue in acks:
             self._settle(records, requeue=None if kind == "ack" else requeue)
         # CONF-8: commit-ok only once its writes are durable here, held by every in-sync mirror,
         # and safe on the home node of every queue homed elsewhere
-        self._hold(cmd.Tx.CommitOk(), tuple(replicas.items()), remote)
+        self._hold(cmd.Tx.CommitOk(), commit if commit.waiting else None)
 
     def _tx_rollback(self, m) -> None:
         if self.mode is not Mode.TX:
@@ -58,33 +57,41 @@ class ConfirmTxMethods:
         self.tx_publishes = []
         acks, self.tx_acks = self.tx_acks, []
         if acks:
-            restored = dict(self.unacked)
-            for _kind, records, _requeue in acks:
-                for record in records:
-                    restored[record.tag] = record
-            self.unacked = dict(sorted(restored.items()))
+            self.deliveries.put_back([record for _kind, records, _requeue in acks for record in records])
         self._reply(cmd.Tx.RollbackOk())
 
 
-class RemoteWait:
-    """One tx.commit's publishes to queues homed on other nodes, until each home reports them."""
+class CommitWait:
+    """One tx.commit's publishes, until every queue each reached reports it safe."""
 
-    __slots__ = ("seqs", "ok", "_done")
+    __slots__ = ("next_seq", "waiting", "ok", "_done")
 
     def __init__(self):
-        self.seqs: set[int] = set()
+        self.next_seq = 0
+        self.waiting: dict[int, int] = {}     # seq -> queues still to report it
         self.ok = True
         self._done: Callable[[bool], None] | None = None
 
-    def settled(self, seqs, ok: bool) -> None:
-        self.seqs.difference_update(seqs)
+    def publish(self, queues: int) -> int:
+        self.next_seq += 1
+        self.waiting[self.next_seq] = queues
+        return self.next_seq
+
+    def settled(self, seq: int, ok: bool) -> None:
+        left = self.waiting.get(seq)
+        if left is None:
+            return
         self.ok = self.ok and ok
-        if not self.seqs:
+        if left > 1:
+            self.waiting[seq] = left - 1
+            return
+        del self.waiting[seq]
+        if not self.waiting:
             self._finish()
 
     def when_settled(self, done: Callable[[bool], None]) -> None:
         self._done = done
-        if not self.seqs:
+        if not self.waiting:
             self._finish()
 
     def _finish(self) -> None:

@@ -13,9 +13,10 @@ and tests/test_ports.py checks that each still has every member.
 - ConsumerChannel: what a local queue asks of the channel a consumer is on.
   Implemented by node.broker.channel.Channel (a client's) and
   cluster.queue_service.LinkChannel (another node's client, over gRPC).
-- RemoteCaller: what a remote queue asks of the channel it works for.
-  Implemented by Channel and cluster.remote_queue._NodeItself (the node
-  dead-lettering on its own behalf).
+- RemoteCaller: what a queue asks of the channel it works for (a publish
+  settled, a link opened). Implemented by Channel and
+  cluster.remote_queue._NodeItself (the node dead-lettering on its own
+  behalf).
 """
 from __future__ import annotations
 
@@ -50,6 +51,13 @@ class QueuePort(Protocol):
 
     @property
     def consumer_count(self) -> int: ...
+
+    def publish_from(self, channel, message, seq: int) -> None:
+        """A channel's publish; with `seq` (a confirm or a tx.commit waits for it) the channel
+        hears publish_settled(ok, seq) once the queue holds it safely (or refused it)."""
+
+    def get_from(self, channel, no_ack: bool, answer) -> None:
+        """basic.get: answer(entry or None, messages left), at once or when the master answers."""
 
     def add_consumer(self, consumer) -> None: ...
 
@@ -88,8 +96,14 @@ class RemoteCaller(Protocol):
     closed: bool
     session: object      # fail_channel(id, error), wakeup(), note_confirms(channel)
 
+    def publish_settled(self, ok: bool, seq: int) -> None:
+        """A queue holds publish `seq` safely (or refused it): a local queue says so this way."""
+
     def remote_settled(self, seqs, ok: bool) -> None:
         """Publishes forwarded to a queue's home are safe there (or refused, or lost)."""
+
+    def linked_to(self, queue) -> None:
+        """A queue homed elsewhere opened a link for this channel (closed when the channel ends)."""
 
     def republish(self, queue, message, seq: int) -> None:
         """A publish held while its queue failed over, placed on the new master."""

@@ -223,6 +223,16 @@ class Queue:
             self.dispatch()
         return outcome
 
+    def publish_from(self, channel, message: Message, seq: int) -> None:
+        """A channel's publish (the queue port's vocabulary, as a queue homed elsewhere has it):
+        with `seq`, the channel hears channel.publish_settled(ok, seq) once it is safe."""
+        outcome = self.publish(message)
+        if seq:
+            if outcome == LOGGED:
+                self.when_safe(channel.publish_settled, seq)
+            else:
+                channel.publish_settled(outcome == SAFE, seq)
+
     def when_safe(self, fn: Callable, *args) -> None:
         """After a LOGGED publish: fn(ok, *args) once that message is durable here and, for a
         mirrored queue, held (and durable) on every synchronised mirror (CONF-4, MIR-3)."""
@@ -602,6 +612,10 @@ class Queue:
         self.ready_bytes -= len(entry.message.body)
         self._delivered(entry, no_ack)
         return entry
+
+    def get_from(self, channel, no_ack: bool, answer: Callable) -> None:
+        """basic.get for a channel: answer(entry or None, messages left), here at once."""
+        answer(self.take(no_ack), self.message_count)
 
     def _delivered(self, entry: Entry, no_ack: bool) -> None:
         self.delivered_total += 1

@@ -159,9 +159,9 @@ def channel_json(session, channel, node: str) -> dict:
             "connection_details": {"name": connection_name(session), "peer_host": session.peer[0],
                                    "peer_port": session.peer[1]},
             "confirm": mode == "confirm", "transactional": mode == "tx", "state": "running",
-            "consumer_count": len(channel.consumers), "messages_unacknowledged": len(channel.unacked),
-            "messages_unconfirmed": unconfirmed, "prefetch_count": channel.prefetch_consumer,
-            "global_prefetch_count": channel.prefetch_global,
+            "consumer_count": len(channel.consumers), "messages_unacknowledged": len(channel.deliveries.unacked),
+            "messages_unconfirmed": unconfirmed, "prefetch_count": channel.deliveries.prefetch_consumer,
+            "global_prefetch_count": channel.deliveries.prefetch_global,
             "message_stats": {**message_stats(channel.published_total, channel.delivered_total,
                                               channel.acked_total),
                               "confirm": confirms.confirmed if confirms is not None else 0}}
