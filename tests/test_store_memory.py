@@ -29,6 +29,7 @@ def test_million_persistent_messages_stay_on_disk(fresh_node):
     q = "mem.million"
     c = pika_conn(node)
     c.channel().queue_declare(q, durable=True)
+    c.close()      # idle through a publish that takes minutes on a loaded machine: its heartbeats would lapse
     pub = raw_socket(node)
     pub.open_channel(1)
     pub.rpc(spec.Confirm.Select(), 1, spec.Confirm.SelectOk)
@@ -48,6 +49,7 @@ def test_million_persistent_messages_stay_on_disk(fresh_node):
             confirmed = frame.delivery_tag if frame.multiple else max(confirmed, frame.delivery_tag)
         assert not isinstance(frame, spec.Basic.Nack), frame
     publish_s = time.monotonic() - started
+    c = pika_conn(node)
     ch = c.channel()
     assert message_count(ch, q) == N
     peak_kb = rss_kb(node.proc.pid)

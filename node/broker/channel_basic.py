@@ -36,8 +36,7 @@ class BasicMethods:
         if m.global_:
             self.deliveries.prefetch_global = m.prefetch_count
             for consumer in self.consumers.values():   # their caps on other nodes follow
-                if consumer.queue.remote:
-                    consumer.queue.prefetch_changed(consumer)
+                consumer.queue.prefetch_changed(consumer)
         else:
             self.deliveries.prefetch_consumer = m.prefetch_count
         self._reply(cmd.Basic.QosOk())
@@ -61,18 +60,18 @@ class BasicMethods:
         consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, self.deliveries.prefetch_consumer,
                             dict(m.arguments or {}))
         self.consumers[tag] = consumer
-        if queue.remote and not m.nowait:
-            # consume-ok once the home node has the consumer (or refused it: a channel error)
-            self.held = True
-            try:
-                queue.add_consumer(consumer, lambda: self._consumed(tag))
-            except AMQPError:
-                self.held = False
-                self.consumers.pop(tag, None)
-                raise
+        if m.nowait:
+            queue.add_consumer(consumer)
             return
-        self._reply(cmd.Basic.ConsumeOk(tag), m.nowait)
-        queue.add_consumer(consumer)
+        # consume-ok once the queue has the consumer, before its first delivery (or refused it: a
+        # channel error); a master on another node answers later and later frames wait till then
+        self.held = True
+        try:
+            queue.add_consumer(consumer, lambda: self._consumed(tag))
+        except AMQPError:
+            self.held = False
+            self.consumers.pop(tag, None)
+            raise
 
     def _consumed(self, tag: str) -> None:
         if self.closed:
@@ -129,10 +128,7 @@ class BasicMethods:
             self.session.fail_channel(self.id, AMQPError(ReplyCode.NOT_FOUND, f"no queue '{name}' in vhost "
                                                          f"'{self.vhost.name}'", 60, 70))
         else:
-            self.held = False            # the get is asked again: it holds the channel anew if need be
-            self._get_from(queue, no_ack)
-            if not self.held:
-                self.session.resume(self)
+            self._get_from(queue, no_ack)     # still held: resumed once it is answered
         self.session.wakeup()
 
     def _get_from(self, queue, no_ack: bool) -> None:

@@ -1,8 +1,9 @@
 """The queue class of a channel: declare, bind, unbind, purge and delete queues.
 
-A mixin of `Channel` (node/broker/channel.py). A queue homed on another node
-answers its counts from there, so declare-ok, purge-ok and delete-ok may wait
-for it; the channel holds its later frames meanwhile.
+A mixin of `Channel` (node/broker/channel.py). A queue answers its counts
+and its purge through a callback: at once for a master here, later for one
+on another node, so declare-ok, purge-ok and delete-ok may wait for it; the
+channel holds its later frames meanwhile.
 """
 from __future__ import annotations
 
@@ -40,30 +41,20 @@ class QueueMethods:
             return
         queue = self.vhost.declare_queue(name, True, m.durable, m.exclusive, m.auto_delete,
                                          m.arguments, self.session, m)
-        if queue.remote:    # homed on another node: its counts come from there
-            self.last_queue = queue.name
-            self.held = True
-            queue.stats_from(lambda counts, err: self._remote_declared(queue.name, counts, err, m.nowait))
-            return
-        if queue.exclusive_owner is self.session:
-            self.session.exclusive_queues.add(queue)
-        self.last_queue = queue.name
-        self._reply_durable(cmd.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count),
-                             m.nowait)
+        self.held = True
+        self._declared(queue.name, m.nowait, passive=True)
 
-    def _declared(self, name: str, nowait: bool = False):
-        """declare-ok for a queue just declared (None: it comes from the home node)."""
+    def _declared(self, name: str, nowait: bool = False, passive: bool = False):
+        """declare-ok for a queue just declared, with the counts its master answers (returns None:
+        the answer releases the channel)."""
         queue = self.vhost.queues.get(name)
         if queue is None:       # deleted (by another connection) as soon as it was declared
             return cmd.Queue.DeclareOk(name, 0, 0)
-        if queue.remote:
-            self.last_queue = name
-            queue.stats_from(lambda counts, err: self._remote_declared(name, counts, err, nowait))
-            return None
+        self.last_queue = name
         if queue.exclusive_owner is self.session:
             self.session.exclusive_queues.add(queue)
-        self.last_queue = name
-        return cmd.Queue.DeclareOk(name, queue.message_count, queue.consumer_count)
+        queue.stats_from(lambda counts, err: self._declare_ok(name, counts, err, nowait, passive))
+        return None
 
     def _queue_bind(self, m) -> None:
         self._check_queue_binding(m)
@@ -86,19 +77,20 @@ class QueueMethods:
     def _queue_purge(self, m) -> None:
         self.session.access.check(READ, "queue", self._queue_name(m.queue, m), m)
         queue = self.vhost.queue(self._queue_name(m.queue, m), self.session, m)
-        if queue.remote:    # homed on another node: reply when it has purged
-            self.held = True
-            queue.purge_from(lambda count, err: self._purged(count, err, m.nowait))
-            return
-        self._reply(cmd.Queue.PurgeOk(queue.purge()), m.nowait)
+        self.held = True
+        queue.purge_from(lambda count, err: self._purged(count, err, m.nowait))
 
-    def _remote_declared(self, name: str, counts, err, nowait: bool) -> None:
+    def _declare_ok(self, name: str, counts, err, nowait: bool, passive: bool) -> None:
         if self.closed:
             return
         if err is not None:
             self.session.fail_channel(self.id, err)
             return
-        self._answer(cmd.Queue.DeclareOk(name, *counts), nowait)
+        reply = cmd.Queue.DeclareOk(name, *counts)
+        if passive and not nowait and self.session.broker.metadata_pending():
+            self._hold(reply)        # what it names must survive a crash before declare-ok
+        else:
+            self._answer(reply, nowait)
 
     def _purged(self, count, err, nowait: bool) -> None:
         if self.closed:
@@ -112,12 +104,11 @@ class QueueMethods:
         self.session.access.check(CONFIGURE, "queue", self._queue_name(m.queue, m), m)
         self.cancels_after_reply = []
         queue = self.vhost.queues.get(self._queue_name(m.queue, m))
-        if queue is not None and queue.remote:    # its counts come from its home node
+        if queue is not None:      # its counts, as its master has them
             self.held = True
             queue.stats_from(lambda counts, err: self._propose_delete(queue, m, counts, err))
         else:
-            counts = (queue.message_count, queue.consumer_count) if queue is not None else (0, 0)
-            self._propose_delete(queue, m, counts, None)
+            self._propose_delete(queue, m, (0, 0), None)
 
     def _propose_delete(self, queue, m, counts, err) -> None:
         """queue.delete: the preconditions are checked here, once, against the counts of the

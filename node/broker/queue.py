@@ -722,7 +722,8 @@ class Queue:
         self._groups = [by_priority[p] for p in sorted(by_priority, reverse=True)]
 
     # ---- consumers --------------------------------------------------------------
-    def add_consumer(self, consumer: Consumer) -> None:
+    def add_consumer(self, consumer: Consumer, consumed: Callable[[], None] | None = None) -> None:
+        """basic.consume; consumed() (consume-ok) before the first delivery goes out."""
         if self.consumers and consumer.exclusive:
             raise AMQPError(ReplyCode.ACCESS_REFUSED,
                             f"queue '{self.name}' in vhost '{self.vhost}' in exclusive use", 60, 20)
@@ -735,7 +736,12 @@ class Queue:
             self._regroup()
         if self._unused_timer is not None:
             self.touch()
+        if consumed is not None:
+            consumed()
         self.dispatch()
+
+    def prefetch_changed(self, consumer: Consumer) -> None:
+        """basic.qos on the consumer's channel: nothing to tell, the channel's cap is read here."""
 
     def remove_consumer(self, consumer: Consumer) -> None:
         try:
@@ -766,6 +772,14 @@ class Queue:
         self._tail_expiry.clear()
         self.ready_bytes = self.tail_bytes = 0
         return count
+
+    def purge_from(self, answer: Callable) -> None:
+        """queue.purge for a channel: answer(count, error), here at once."""
+        answer(self.purge(), None)
+
+    def stats_from(self, answer: Callable) -> None:
+        """answer((messages, consumers), error), here at once."""
+        answer((self.message_count, self.consumer_count), None)
 
     def mark_deleted(self) -> list[Consumer]:
         """Forget every message; return the consumers to notify with basic.cancel."""

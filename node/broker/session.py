@@ -38,6 +38,7 @@ class Session:
         self.wakeup = _nothing          # set by the server: output is waiting outside receive_data
         self.write_out = _nothing       # set by the server: write pending output to the socket now
         self._confirm_channels: set[Channel] = set()
+        self._handling: Channel | None = None    # the channel whose frame is being handled now
         self.log = broker.log.bind(peer=f"{peer[0]}:{peer[1]}")
         self.gate: tuple | None = None    # output waits until the store has written up to here
         self.gate_store = None
@@ -146,7 +147,10 @@ class Session:
             self._fail(0, AMQPError(ReplyCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}"))
 
     def resume(self, channel: Channel) -> None:
-        """A held channel may go on: handle what arrived for it meanwhile, in order."""
+        """A held channel may go on: handle what arrived for it meanwhile, in order. A queue here
+        answers while the channel's frame is still being handled: the loop handling it goes on."""
+        if channel is self._handling:
+            return
         while channel.backlog and not channel.held and not channel.closed and not self.closed:
             self._process(channel.backlog.popleft())
         if channel.confirms is not None and channel.confirms.ready:
@@ -164,7 +168,11 @@ class Session:
             if channel.held:
                 channel.backlog.append(event)
                 return
-            channel.publish(event.publish, event.props_raw, event.body)
+            outer, self._handling = self._handling, channel
+            try:
+                channel.publish(event.publish, event.props_raw, event.body)
+            finally:
+                self._handling = outer
             if not self.publisher:
                 self.publisher = True
                 if self.broker.blocking:
@@ -178,7 +186,11 @@ class Session:
             if channel.held:
                 channel.backlog.append(event)
                 return
-            channel.handle(event.method)
+            outer, self._handling = self._handling, channel
+            try:
+                channel.handle(event.method)
+            finally:
+                self._handling = outer
             if channel.confirms is not None and channel.confirms.ready:
                 self._confirm_channels.add(channel)
         elif kind is ev.ChannelOpened:
