@@ -517,13 +517,17 @@ def test_ttl_on_a_paged_durable_queue(node):
     pub.open_channel(1)
     pub.rpc(spec.Confirm.Select(), 1, spec.Confirm.SelectOk)
     n = 10000
+    started = time.monotonic()
     pub.send_bytes(pub.publish_bytes(1, "", q, b"p" * 10, spec.Basic.Properties(delivery_mode=2)) * n)
     confirmed = 0
     while confirmed < n:
         _, frame = pub.recv_frame(timeout=30)
         if isinstance(frame, spec.Basic.Ack):
             confirmed = frame.delivery_tag
-    assert message_count(setup, q) == n
+    count = message_count(setup, q)
+    if time.monotonic() - started < 1.2:      # none can have expired yet (on a loaded machine, some may)
+        assert count == n
+    assert count <= n
     wait_until(lambda: message_count(setup, q) == 0, 15, interval=0.2,
                message="paged-out messages outlived x-message-ttl")
     setup.queue_delete(q)

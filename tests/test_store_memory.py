@@ -24,6 +24,7 @@ def rss_kb(pid: int, field: str = "VmHWM") -> int:
     raise AssertionError(f"no {field} for {pid}")
 
 
+@pytest.mark.timeout(480)     # a million confirmed publishes and a drain: minutes on a loaded machine
 def test_million_persistent_messages_stay_on_disk(fresh_node):
     node = fresh_node
     q = "mem.million"
