@@ -24,12 +24,12 @@ before a vote or an append is answered.
 
 This module is the shell. The consensus state and its transitions are
 cluster/raft_machine.py's RaftMachine, pure (time passed in, messages and
-writes handed back); its rules are cluster/raft_core.py's functions. Here
-are what it cannot do itself: the timers (a tick with the time), the gRPC
-calls and their answers (its messages are plain values, converted at the
-wire), the writes and fsyncs of term, vote and log (cluster/raft_storage.py,
-off the event loop, before anything that depends on them is sent), applying
-what commits, and the proposals waiting for that.
+writes handed back); its rules are cluster/raft_core.py's functions. The
+shell does what the machine cannot: the timer (a tick with the time), the
+gRPC calls and their answers (the machine's messages are plain values,
+converted at the wire), the writes and fsyncs of term, vote and log
+(cluster/raft_storage.py, off the event loop, before anything that depends
+on them is sent), applying what commits, and the proposals waiting for that.
 """
 from __future__ import annotations
 
