@@ -126,22 +126,28 @@ class Raft:
     async def _call(self, request: VoteRequest | AppendRequest) -> None:
         """One request to a peer; its answer (or that there was none) goes back to the machine."""
         peer = self.membership.peers.get(request.to)
+        answer = None
         try:
             if peer is None or peer.stub is None:
-                raise ConnectionError(f"{request.to} is not a member any more")
-            if isinstance(request, VoteRequest):
+                pass        # not a member any more
+            elif isinstance(request, VoteRequest):
                 answer = await peer.stub.RequestVote(vote_request_pb(request), timeout=VOTE_TIMEOUT,
                                                      metadata=self.membership.metadata())
-                ready = self.machine.on_vote_reply(request, VoteReply(request.to, answer.term, answer.granted),
-                                                   time.monotonic())
             else:
                 answer = await peer.stub.AppendEntries(append_request_pb(request), timeout=APPEND_TIMEOUT,
                                                        metadata=self.membership.metadata())
-                ready = self.machine.on_append_reply(
-                    request, AppendReply(request.to, answer.term, answer.success, answer.match_index),
-                    time.monotonic())
-        except (grpc.aio.AioRpcError, ConnectionError):
-            ready = self.machine.on_unreachable(request, time.monotonic())
+        except grpc.aio.AioRpcError:
+            pass
+        except Exception:  # noqa: BLE001 - the machine must hear of it whatever went wrong
+            self.log.exception("raft call failed", to=request.to)
+        now = time.monotonic()
+        if answer is None:
+            ready = self.machine.on_unreachable(request, now)
+        elif isinstance(request, VoteRequest):
+            ready = self.machine.on_vote_reply(request, VoteReply(request.to, answer.term, answer.granted), now)
+        else:
+            ready = self.machine.on_append_reply(
+                request, AppendReply(request.to, answer.term, answer.success, answer.match_index), now)
         await self._carry_out(ready)
 
     # ---- answering peers ------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from .raft_state import PersistentState
 HEARTBEAT = 0.15                     # an idle follower hears from the leader this often
 ELECTION_MIN, ELECTION_MAX = 0.6, 1.2
 VOTE_TIMEOUT = 0.5                   # how long an election waits for one answer (the shell's call timeout)
+APPEND_LOST = 3.0                    # an append unanswered this long is taken as lost (the call gave up sooner)
 BATCH = 256                          # entries per append
 
 
@@ -42,6 +43,7 @@ class Progress:
     next_index: int
     match_index: int = 0
     in_flight: bool = False
+    sent_at: float = 0.0
     heartbeat_at: float = 0.0     # idle: when it is due an (empty) append again
     retry_at: float = 0.0         # its last call failed: not before then
 
@@ -272,6 +274,8 @@ class RaftMachine:
     def _heartbeat(self, now: float) -> None:
         for peer in self.members.peers:
             progress = self.progress.setdefault(peer, Progress(self.persistent.last_index + 1))
+            if progress.in_flight and now - progress.sent_at > APPEND_LOST:
+                progress.in_flight = False       # its answer will not come (the call was never made)
             if now >= progress.heartbeat_at:
                 self._send_append(peer, now)
 
@@ -290,7 +294,7 @@ class RaftMachine:
                         enumerate(self.persistent.entries[prev:prev + BATCH], start=progress.next_index))
         self._ready.messages.append(AppendRequest(peer, self.term, self.name, prev, self.persistent.term_at(prev),
                                                   entries, self.commit_index))
-        progress.in_flight = True
+        progress.in_flight, progress.sent_at = True, now
 
     def on_append_reply(self, request: AppendRequest, reply: AppendReply, now: float) -> Ready:
         if reply.term > self.term:

@@ -15,7 +15,7 @@ import random
 import pytest
 import structlog
 
-from haremq.cluster.raft_machine import ELECTION_MAX, ELECTION_MIN, NotLeader, RaftMachine
+from haremq.cluster.raft_machine import APPEND_LOST, ELECTION_MAX, ELECTION_MIN, HEARTBEAT, NotLeader, RaftMachine
 from haremq.cluster.raft_messages import AppendReply, AppendRequest, Entry, VoteReply, VoteRequest
 from haremq.cluster.raft_state import PersistentState
 
@@ -386,3 +386,18 @@ def test_a_cluster_of_one_leads_and_commits_on_its_own():
     index, ready = m.propose(b'{"op": "x"}', 0.1)
     assert index == 2 and [e.command for e in ready.committed] == [b'{"op": "x"}']
     assert [w.start for w in ready.log_writes] == [2]
+
+
+def test_a_leader_sends_one_append_at_a_time_and_retries_a_failed_or_lost_one():
+    m = machine()
+    ready = elect(m, now=2.0)
+    to_b = next(r for r in ready.messages if r.to == "b")
+    _, ready = m.propose(b'{"op": "x"}', 2.1)
+    assert {r.to for r in ready.messages} == set()        # both still have an append in flight
+    ready = m.on_unreachable(to_b, 2.2)                     # b's call failed: not again at once
+    assert not m.tick(2.2 + HEARTBEAT / 2).messages
+    [retry] = m.tick(2.2 + HEARTBEAT + 0.01).messages
+    assert retry.to == "b" and [e.index for e in retry.entries] == [1, 2]
+    # c's call never reported back: after APPEND_LOST it counts as lost and c is sent to again
+    assert "c" not in {r.to for r in m.tick(2.0 + APPEND_LOST - 0.1).messages}
+    assert "c" in {r.to for r in m.tick(2.0 + APPEND_LOST + 0.1).messages}
