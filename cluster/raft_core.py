@@ -1,11 +1,10 @@
 """Raft's rules, pure: what to grant, accept, commit and retry, from values passed in.
 
 Everything here is a function of its arguments: no sockets, no tasks, no files,
-and no clock of its own (the time is an argument). cluster/raft.py is the
-shell around it: it holds the state, persists term, vote and log (fsynced off
-the loop) before it answers, talks gRPC to its peers and runs the timers; it
-asks this module what the consensus rules decide, so those rules
-can be tested without a socket (tests/test_raft_core.py).
+and no clock of its own (the time is an argument). The Raft machine
+(cluster/raft_machine.py) holds the state and asks this module what the
+consensus rules decide, so each rule can be tested on its own
+(tests/test_raft_core.py) as well as in a running machine.
 
 Section numbers are the Raft paper's (Ongaro and Ousterhout, 2014) and, for
 pre-vote and leader stickiness, Ongaro's thesis.

@@ -2,8 +2,10 @@
 
 DATA_DIR/raft/state.json holds term and vote (written whole: write, fsync,
 rename); DATA_DIR/raft/log.jsonl holds one entry per line, appended and
-fsynced. The Raft shell (cluster/raft.py) calls these off the event loop and
-answers a vote or an append only once they return.
+fsynced. RaftStorage is the persistent state (cluster/raft_state.py) loaded
+from there; the Raft machine changes it in memory and asks for each change
+to be written, and the shell (cluster/raft.py) has these writes done off the
+event loop before it sends what depends on them.
 """
 from __future__ import annotations
 
@@ -11,18 +13,20 @@ import json
 import os
 from pathlib import Path
 
+from .raft_messages import LogWrite
+from .raft_state import PersistentState
 
-class RaftStorage:
-    """The durable part of Raft: current term, vote, and the log."""
+
+class RaftStorage(PersistentState):
+    """The persistent state as DATA_DIR/raft holds it. The writes take what they write as
+    arguments and never read the live state: they run in a thread while it moves on."""
 
     def __init__(self, directory: Path):
+        super().__init__()
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.state_path = self.directory / "state.json"
         self.log_path = self.directory / "log.jsonl"
-        self.term = 0
-        self.voted_for: str | None = None
-        self.entries: list[tuple[int, bytes]] = []    # (term, command); index = position + 1
         if self.state_path.exists():
             state = json.loads(self.state_path.read_text())
             self.term, self.voted_for = state["term"], state.get("voted_for")
@@ -35,21 +39,18 @@ class RaftStorage:
                 del self.entries[item["i"] - 1:]
                 self.entries.append((item["t"], item["c"].encode()))
 
-    def save_state(self) -> None:
+    def save_state(self, term: int, voted_for: str | None) -> None:
         tmp = self.state_path.with_suffix(".tmp")
         with open(tmp, "w") as fh:
-            json.dump({"term": self.term, "voted_for": self.voted_for}, fh)
+            json.dump({"term": term, "voted_for": voted_for}, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.state_path)
 
-    def append(self, start: int, entries: list[tuple[int, bytes]]) -> None:
-        """Write entries from index `start` (replacing any conflicting suffix) and fsync."""
-        truncated = start <= len(self.entries)
-        del self.entries[start - 1:]
-        self.entries.extend(entries)
-        if truncated:   # rewrite: rare (a follower dropping an uncommitted suffix)
-            lines = [json.dumps({"i": i + 1, "t": t, "c": c.decode()}) for i, (t, c) in enumerate(self.entries)]
+    def write(self, write: LogWrite) -> None:
+        """Append the written entries and fsync; after a replaced suffix, rewrite the file whole."""
+        if write.whole is not None:   # rare: a follower dropping an uncommitted suffix
+            lines = [json.dumps({"i": i + 1, "t": t, "c": c.decode()}) for i, (t, c) in enumerate(write.whole)]
             tmp = self.log_path.with_suffix(".tmp")
             with open(tmp, "w") as fh:
                 fh.write("".join(line + "\n" for line in lines))
@@ -58,18 +59,7 @@ class RaftStorage:
             os.replace(tmp, self.log_path)
             return
         with open(self.log_path, "a") as fh:
-            for offset, (t, c) in enumerate(entries):
-                fh.write(json.dumps({"i": start + offset, "t": t, "c": c.decode()}) + "\n")
+            for offset, (t, c) in enumerate(write.entries):
+                fh.write(json.dumps({"i": write.start + offset, "t": t, "c": c.decode()}) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
-
-    @property
-    def last_index(self) -> int:
-        return len(self.entries)
-
-    @property
-    def last_term(self) -> int:
-        return self.entries[-1][0] if self.entries else 0
-
-    def term_at(self, index: int) -> int:
-        return self.entries[index - 1][0] if 0 < index <= len(self.entries) else 0

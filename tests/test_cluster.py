@@ -782,10 +782,10 @@ def test_pre_vote_and_leader_stickiness_keep_the_term(tmp_path):
         members.up.add("hare3")
         await raft.on_append_entries(pb.AppendRequest(term=6, leader="hare3", prev_log_index=0))
         assert raft.hears_from_leader()
-        raft._leader_heard -= ELECTION_MIN
+        raft.machine.leader_heard -= ELECTION_MIN
         assert not raft.hears_from_leader()
         # a leader counts as heard from while it sees a majority, and no longer without one
-        raft.role = "leader"
+        raft.machine.role = "leader"
         assert raft.hears_from_leader()
         members.up.clear()
         assert not raft.hears_from_leader()

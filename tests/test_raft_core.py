@@ -1,5 +1,5 @@
 """Raft's rules without sockets, files or a clock (cluster/raft_core.py): the paper's cases
-fed in as values, as the Raft shell (cluster/raft.py) asks them."""
+fed in as values, as the Raft machine (cluster/raft_machine.py) asks them."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,0 +1,381 @@
+"""Raft's consensus state and its transitions, pure: messages in, messages and writes out.
+
+RaftMachine holds everything Raft decides with (role, term and vote, the log, the commit
+index, who leads and when it was last heard, each follower's progress, the election
+deadline, an election under way) and changes only when called: tick(now) as time passes,
+one method per message that arrives, propose(). Each call returns a Ready, as etcd's raft
+does: the term, vote and entries to make durable, the entries newly committed, and the
+messages to send once those writes are done. The time is an argument; the failure
+detector's view of the members (`peers`, `size`, `has_majority`, `is_up`, `up_members`,
+as cluster/membership.py has them) and a random source are handed in. It opens no socket
+or file, starts no task and reads no clock, so a test can run a whole cluster of them by
+hand (tests/test_raft_machine.py).
+
+The rules it applies are cluster/raft_core.py's; cluster/raft.py carries out what it asks.
+Behaviour (pre-vote, leader stickiness, check-quorum, standing in turn after a leader
+died) is described in cluster/raft.py's docstring.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+
+from . import raft_core as rules
+from .raft_messages import AppendReply, AppendRequest, Entry, LogWrite, Ready, VoteReply, VoteRequest
+from .raft_state import PersistentState
+
+HEARTBEAT = 0.15                     # an idle follower hears from the leader this often
+ELECTION_MIN, ELECTION_MAX = 0.6, 1.2
+VOTE_TIMEOUT = 0.5                   # how long an election waits for one answer (the shell's call timeout)
+APPEND_LOST = 3.0                    # an append unanswered this long is taken as lost (the call gave up sooner)
+BATCH = 256                          # entries per append
+
+
+class NotLeader(Exception):
+    """No leader is known (an election is under way, or no majority)."""
+
+
+@dataclass
+class Progress:
+    """The leader's view of one follower. One append is in flight at a time: the next goes
+    when its reply is in, at once if there is more to send or a commit to tell."""
+    next_index: int
+    match_index: int = 0
+    in_flight: bool = False
+    sent_at: float = 0.0
+    heartbeat_at: float = 0.0     # idle: when it is due an (empty) append again
+    retry_at: float = 0.0         # its last call failed: not before then
+
+
+@dataclass
+class Election:
+    """A round of asking for votes: the pre-vote (for term + 1, which nobody takes up yet)
+    or the vote proper (in our raised term)."""
+    term: int
+    pre_vote: bool
+    started: float
+    granted: set[str] = field(default_factory=set)
+    answered: set[str] = field(default_factory=set)
+
+
+class RaftMachine:
+    def __init__(self, name: str, members, persistent: PersistentState, log, now: float,
+                 rng: random.Random | None = None):
+        self.name = name
+        self.members = members
+        self.persistent = persistent
+        self.log = log
+        self.rng = rng or random.Random()
+        self.role = "follower"
+        self.leader: str | None = None
+        self.commit_index = 0
+        self.progress: dict[str, Progress] = {}
+        self.told_commit: dict[str, int] = {}    # per follower: the commit index it has acknowledged
+        self.leader_heard = 0.0                   # when an append from the leader was last accepted
+        self.election: Election | None = None
+        self.deadline = self._new_deadline(now)
+        self._handed_out = 0                      # committed entries given to the shell to apply
+        self._ready = Ready()
+
+    @property
+    def term(self) -> int:
+        return self.persistent.term
+
+    def _new_deadline(self, now: float) -> float:
+        return now + self.rng.uniform(ELECTION_MIN, ELECTION_MAX)
+
+    def _majority(self) -> int:
+        return rules.majority(self.members.size)
+
+    def _take(self) -> Ready:
+        ready, self._ready = self._ready, Ready()
+        return ready
+
+    # ---- time ---------------------------------------------------------------------------------------
+    def start(self, now: float) -> Ready:
+        if not self.members.peers:       # a cluster of one commits on its own
+            self._become_leader(now)
+        return self._take()
+
+    def tick(self, now: float) -> Ready:
+        if self.role == "leader":
+            if self.members.has_majority is False:
+                # check-quorum: cut off from the majority, which may elect another leader
+                self.log.warning("raft leader cannot see a majority: stepping down", term=self.term)
+                self.leader = None
+                self._step_down(self.term)
+                self.deadline = self._new_deadline(now)
+            else:
+                self._heartbeat(now)
+            return self._take()
+        if self.leader_gone():
+            # the leader is gone (its port refuses us): no need to sit out a full timeout.
+            # Every survivor sees that at once, so they go in turn (by name) rather than
+            # at random: two candidates within one vote's round trip split the vote, and
+            # the retry would wait a full election timeout (the slow failovers, issue 16)
+            self.deadline = min(self.deadline, now + self._stagger(self.leader))
+        if now > self.deadline and self.members.has_majority and not self._electing(now):
+            self._campaign(now, pre_vote=True)
+        return self._take()
+
+    def leader_gone(self) -> bool:
+        """A leader other than us is known, and the failure detector sees it down."""
+        return bool(self.leader) and self.leader != self.name and not self.members.is_up(self.leader)
+
+    def _stagger(self, dead: str) -> float:
+        """This node's turn to stand when the leader died: 0.1 s apart by name among the members
+        that are up, with a little jitter."""
+        return rules.stagger(self.name, self.members.up_members(), dead, self.rng.uniform(0.0, 0.02))
+
+    def hears_from_leader(self, now: float) -> bool:
+        """Leader stickiness: a leader is in charge and reachable, so no election is called for.
+        The leader itself while it sees a majority; a follower within the minimum election
+        timeout of an append from a leader its failure detector still sees up."""
+        return rules.hears_from_leader(self.role, self.members.has_majority, self.leader, now,
+                                       self.leader_heard, ELECTION_MIN, self.members.is_up)
+
+    # ---- elections ----------------------------------------------------------------------------------
+    def _electing(self, now: float) -> bool:
+        """A round of votes still waits for answers (a new one would throw its answers away)."""
+        return self.election is not None and now - self.election.started < VOTE_TIMEOUT
+
+    def _campaign(self, now: float, pre_vote: bool) -> None:
+        """Ask every peer for its vote: the pre-vote for term + 1 first, then, with a majority
+        of yeses, the election proper in the raised term."""
+        self.deadline = self._new_deadline(now)
+        if pre_vote:
+            term = self.term + 1
+        else:
+            self.role = "candidate"
+            self.persistent.term += 1
+            self.persistent.voted_for = self.name
+            self.leader = None
+            self.log.info("raft election", term=self.term)
+            self._save_hard_state()
+            term = self.term
+        self.election = Election(term, pre_vote, now, granted={self.name})
+        for peer in self.members.peers:
+            self._ready.messages.append(VoteRequest(peer, term, self.name, self.persistent.last_index,
+                                                    self.persistent.last_term, pre_vote))
+        self._count_votes(now)
+
+    def on_vote_reply(self, request: VoteRequest, reply: VoteReply, now: float) -> Ready:
+        if reply.term > self.term and not reply.granted:
+            self._step_down(reply.term)       # behind: learn the term, do not raise it
+            return self._take()
+        election = self.election
+        if election is not None and (election.term, election.pre_vote) == (request.term, request.pre_vote):
+            election.answered.add(request.to)
+            if reply.granted:
+                election.granted.add(request.to)
+            self._count_votes(now)
+        return self._take()
+
+    def _count_votes(self, now: float) -> None:
+        election = self.election
+        if rules.won(len(election.granted), self._majority()):
+            self.election = None
+            if election.pre_vote and self.role != "leader" and self.term + 1 == election.term:
+                self._campaign(now, pre_vote=False)
+            elif not election.pre_vote and self.role == "candidate" and self.term == election.term:
+                self._become_leader(now)
+        elif len(election.answered) >= len(self.members.peers):
+            self.election = None
+            if election.pre_vote:
+                self.log.debug("raft pre-vote lost: a leader is still followed", term=election.term,
+                               votes=len(election.granted))
+
+    def _become_leader(self, now: float) -> None:
+        self.role = "leader"
+        self.leader = self.name
+        self.election = None
+        self.progress = {p: Progress(self.persistent.last_index + 1) for p in self.members.peers}
+        self.log.info("raft leader", term=self.term)
+        # An entry of our own term lets earlier entries commit (Raft's commitment rule).
+        self._append(self.persistent.last_index + 1,
+                     [(self.term, json.dumps({"op": "noop", "leader": self.name}).encode())])
+        self._advance_commit(now)
+        self._replicate(now)          # the followers hear of us now, not a heartbeat later
+
+    def leader_to_ping(self, request: VoteRequest, now: float) -> str | None:
+        """The leader to ping before answering this pre-vote: we follow one that our failure
+        detector has not seen die yet, and a pre-vote suggests it may have."""
+        if request.pre_vote and request.candidate in self.members.peers and self.role != "leader" \
+                and self.hears_from_leader(now):
+            return self.leader
+        return None
+
+    def on_vote_request(self, request: VoteRequest, now: float, leader_reachable: bool = True) -> Ready:
+        """`leader_reachable`: what pinging leader_to_ping() found, if it named one."""
+        if request.candidate not in self.members.peers:
+            # a forgotten member started on its old data: its elections must not disturb ours
+            return self._vote_reply(request, False)
+        up_to_date = rules.up_to_date(request.last_log_term, request.last_log_index, self.persistent.last_term,
+                                      self.persistent.last_index)
+        if self.hears_from_leader(now) and (self.role == "leader" or not request.pre_vote or leader_reachable):
+            # a node coming back must not depose a leader we follow: no vote, and our term stays.
+            # (A leader that has just died would hold up the failover until our lease ran out:
+            # a pre-vote has it pinged now, and its refused port ends the lease at once.)
+            return self._vote_reply(request, False)
+        if request.pre_vote:
+            return self._vote_reply(request, rules.grant_pre_vote(request.term, self.term, up_to_date))
+        if request.term > self.term:
+            self._step_down(request.term)
+        granted = rules.grant_vote(request.term, self.term, up_to_date, self.persistent.voted_for,
+                                   request.candidate)
+        if granted:
+            self.persistent.voted_for = request.candidate
+            self.leader = None       # an election is on: the old leader is not waited for any more
+            self.election = None     # nor is our own pre-vote: we just helped another candidate
+            # the candidate gets its election timeout from now (our own timer, expired meanwhile,
+            # would start a rival election in term + 1)
+            self.deadline = self._new_deadline(now)
+            self.log.info("raft vote", candidate=request.candidate, term=request.term)
+            self._save_hard_state()
+        return self._vote_reply(request, granted)
+
+    def _vote_reply(self, request: VoteRequest, granted: bool) -> Ready:
+        self._ready.messages.append(VoteReply(request.candidate, self.term, granted))
+        return self._take()
+
+    def _step_down(self, term: int) -> None:
+        if term > self.term:
+            self.persistent.term = term
+            self.persistent.voted_for = None
+            self._save_hard_state()
+        if self.role != "follower":
+            self.log.info("raft follower", term=term)
+        self.role = "follower"
+        self.election = None
+        self._ready.leadership_lost = True
+
+    def _save_hard_state(self) -> None:
+        self._ready.hard_state = (self.term, self.persistent.voted_for)
+
+    # ---- replication: the leader ------------------------------------------------------------------
+    def propose(self, command: bytes, now: float) -> tuple[int, Ready]:
+        """Append a command as the leader; its index, and what to do about it."""
+        if self.role != "leader":
+            raise NotLeader("not the leader")
+        index = self.persistent.last_index + 1
+        self._append(index, [(self.term, command)])
+        self._replicate(now)
+        self._advance_commit(now)
+        return index, self._take()
+
+    def member_added(self, name: str, now: float) -> Ready:
+        """A member joined (member.add applied): the leader sends it the log from the start."""
+        if self.role == "leader":
+            self.progress.setdefault(name, Progress(1))
+            self._send_append(name, now)
+        return self._take()
+
+    def _heartbeat(self, now: float) -> None:
+        for peer in self.members.peers:
+            progress = self.progress.setdefault(peer, Progress(self.persistent.last_index + 1))
+            if progress.in_flight and now - progress.sent_at > APPEND_LOST:
+                progress.in_flight = False       # its answer will not come (the call was never made)
+            if now >= progress.heartbeat_at:
+                self._send_append(peer, now)
+
+    def _replicate(self, now: float) -> None:
+        """Something new to tell (an entry, a commit): to every follower not busy or failing."""
+        for peer in self.progress:
+            if peer in self.members.peers:
+                self._send_append(peer, now)
+
+    def _send_append(self, peer: str, now: float) -> None:
+        progress = self.progress[peer]
+        if progress.in_flight or now < progress.retry_at:
+            return
+        prev = progress.next_index - 1
+        entries = tuple(Entry(i, t, c) for i, (t, c) in
+                        enumerate(self.persistent.entries[prev:prev + BATCH], start=progress.next_index))
+        self._ready.messages.append(AppendRequest(peer, self.term, self.name, prev, self.persistent.term_at(prev),
+                                                  entries, self.commit_index))
+        progress.in_flight, progress.sent_at = True, now
+
+    def on_append_reply(self, request: AppendRequest, reply: AppendReply, now: float) -> Ready:
+        if reply.term > self.term:
+            self._step_down(reply.term)
+            return self._take()
+        progress = self.progress.get(request.to)
+        if self.role != "leader" or self.term != request.term or progress is None:
+            return self._take()
+        progress.in_flight = False
+        if reply.success:
+            self.told_commit[request.to] = min(request.leader_commit, reply.match_index)
+            progress.match_index = reply.match_index
+            progress.next_index = reply.match_index + 1
+            self._advance_commit(now)
+            if progress.next_index <= self.persistent.last_index or self.told_commit[request.to] < self.commit_index:
+                self._send_append(request.to, now)     # more to send, or a commit this reply made: tell it now
+            else:
+                progress.heartbeat_at = now + HEARTBEAT
+        else:
+            progress.next_index = rules.next_index_after_refusal(request.prev_log_index + 1, reply.match_index)
+            self._send_append(request.to, now)
+        return self._take()
+
+    def on_unreachable(self, request: VoteRequest | AppendRequest, now: float) -> Ready:
+        """A request found no answer (the peer is down, slow or gone)."""
+        if isinstance(request, VoteRequest):
+            election = self.election
+            if election is not None and (election.term, election.pre_vote) == (request.term, request.pre_vote):
+                election.answered.add(request.to)
+                self._count_votes(now)
+        else:
+            progress = self.progress.get(request.to)
+            if self.role == "leader" and self.term == request.term and progress is not None:
+                progress.in_flight = False
+                progress.retry_at = progress.heartbeat_at = now + HEARTBEAT
+        return self._take()
+
+    def _advance_commit(self, now: float) -> None:
+        commit = rules.leader_commit(self.persistent.last_index, [p.match_index for p in self.progress.values()],
+                                     self._majority(), self.persistent.term_at, self.term, self.commit_index)
+        if commit != self.commit_index:
+            self.commit_index = commit
+            self._hand_out_committed()
+            self._replicate(now)     # tell the followers now, not at the next heartbeat
+
+    # ---- replication: a follower ------------------------------------------------------------------
+    def on_append_request(self, request: AppendRequest, now: float) -> Ready:
+        if request.term < self.term or request.leader not in self.members.peers:
+            return self._append_reply(request, False, 0)
+        if request.term > self.term or self.role != "follower":
+            self._step_down(request.term)
+        if self.leader != request.leader:
+            self.log.info("raft leader is", leader=request.leader, term=request.term)
+        self.leader = request.leader
+        self.leader_heard = now
+        self.deadline = self._new_deadline(now)
+        self.election = None            # a leader is in charge: our pre-vote, if any, is moot
+        prev = request.prev_log_index
+        if not rules.consistent(prev, request.prev_log_term, self.persistent.last_index, self.persistent.term_at):
+            return self._append_reply(request, False, rules.refusal_hint(prev, self.persistent.last_index))
+        new = rules.new_entries(request.entries, self.persistent.last_index, self.persistent.term_at)
+        if new:
+            self._append(new[0].index, [(e.term, e.command) for e in new])
+        last = prev + len(request.entries)
+        if request.leader_commit > self.commit_index:
+            self.commit_index = rules.follower_commit(request.leader_commit, last, self.commit_index)
+            self._hand_out_committed()
+        return self._append_reply(request, True, last)
+
+    def _append_reply(self, request: AppendRequest, success: bool, match_index: int) -> Ready:
+        self._ready.messages.append(AppendReply(request.leader, self.term, success, match_index))
+        return self._take()
+
+    # ---- the log ------------------------------------------------------------------------------------
+    def _append(self, start: int, entries: list[tuple[int, bytes]]) -> None:
+        truncated = self.persistent.replace_from(start, entries)
+        whole = tuple(self.persistent.entries) if truncated else None
+        self._ready.log_writes.append(LogWrite(start, tuple(entries), whole))
+
+    def _hand_out_committed(self) -> None:
+        while self._handed_out < self.commit_index:
+            self._handed_out += 1
+            term, command = self.persistent.entries[self._handed_out - 1]
+            self._ready.committed.append(Entry(self._handed_out, term, command))

@@ -1,0 +1,403 @@
+"""The Raft machine (cluster/raft_machine.py) driven by hand: no sockets, no files, no clock.
+
+A simulated network carries the machines' messages between them, with the failure
+detector's view derived from who can reach whom, the time advanced in steps, and loss
+and partitions chosen by a seeded random source, so every run is the same. Each Ready is
+carried out as the shell does it (writes, then applying, then sending), and the checks
+that must hold at every step (one leader per term, nothing promised before it is on
+disk, every node applying the same sequence) are made as it goes.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import structlog
+
+from haremq.cluster.raft_machine import APPEND_LOST, ELECTION_MAX, ELECTION_MIN, HEARTBEAT, NotLeader, RaftMachine
+from haremq.cluster.raft_messages import AppendReply, AppendRequest, Entry, VoteReply, VoteRequest
+from haremq.cluster.raft_state import PersistentState
+
+STEP = 0.01
+LOG = structlog.get_logger("haremq.raft.test")
+
+
+class View:
+    """What a machine asks of membership, computed from the simulated network."""
+
+    def __init__(self, name: str, net: "Network"):
+        self.name, self.net = name, net
+        self.peers = {n for n in net.names if n != name}
+
+    size = property(lambda self: len(self.peers) + 1)
+    has_majority = property(lambda self: len(self.up_members()) * 2 > self.size)
+
+    def is_up(self, name: str) -> bool:
+        return name == self.name or self.net.connected(self.name, name)
+
+    def up_members(self) -> list[str]:
+        return [self.name] + sorted(p for p in self.peers if self.net.connected(self.name, p))
+
+
+class Network:
+    def __init__(self, names=("a", "b", "c"), seed: int = 1, loss: float = 0.0):
+        self.names = list(names)
+        self.now = 0.0
+        self.rng = random.Random(seed)
+        self.loss = loss
+        self.alive = set(names)
+        self.cut: set[frozenset] = set()
+        self.disk = {n: PersistentState() for n in names}      # what each node has written
+        self.applied: dict[str, list[Entry]] = {n: [] for n in names}
+        self.leaders: dict[int, str] = {}                      # term -> who led it
+        self.nodes = {n: RaftMachine(n, View(n, self), PersistentState(), LOG.bind(node=n), self.now,
+                                     random.Random(seed * 100 + i)) for i, n in enumerate(names)}
+        self.queue: list[tuple[str, object]] = []
+        for name, node in self.nodes.items():
+            self.carry_out(name, node.start(self.now))
+
+    # ---- the network -----------------------------------------------------------------------------
+    def connected(self, a: str, b: str) -> bool:
+        return a in self.alive and b in self.alive and frozenset((a, b)) not in self.cut
+
+    def partition(self, *groups) -> None:
+        self.cut = {frozenset((a, b)) for g in groups for a in g for b in self.names if b not in g}
+
+    def heal(self) -> None:
+        self.cut = set()
+
+    def lost(self) -> bool:
+        return self.loss > 0 and self.rng.random() < self.loss
+
+    # ---- carrying out a Ready as the shell does ----------------------------------------------------
+    def carry_out(self, name: str, ready) -> list:
+        disk = self.disk[name]
+        if ready.hard_state is not None:
+            disk.term, disk.voted_for = ready.hard_state
+        for write in ready.log_writes:
+            if write.whole is not None:
+                disk.entries = list(write.whole)
+            else:
+                assert write.start == disk.last_index + 1, "an append must follow what is on disk"
+                disk.entries.extend(write.entries)
+        self.applied[name].extend(ready.committed)
+        replies = []
+        for message in ready.messages:     # nothing promised before it is on disk
+            if isinstance(message, AppendReply) and message.success:
+                assert disk.last_index >= message.match_index
+            if isinstance(message, (VoteReply, AppendReply)):
+                replies.append(message)
+            else:
+                self.queue.append((name, message))
+        node = self.nodes[name]
+        if node.role == "leader":
+            assert self.leaders.setdefault(node.term, name) == name, "two leaders in one term"
+        return replies
+
+    def deliver(self) -> None:
+        while self.queue:
+            sender, request = self.queue.pop(0)
+            source, target = self.nodes[sender], self.nodes[request.to]
+            if sender not in self.alive:
+                continue
+            if not self.connected(sender, request.to) or self.lost():
+                self.carry_out(sender, source.on_unreachable(request, self.now))
+                continue
+            if isinstance(request, VoteRequest):
+                leader = target.leader_to_ping(request, self.now)
+                reachable = leader is None or self.connected(request.to, leader)
+                [reply] = self.carry_out(request.to, target.on_vote_request(request, self.now, reachable))
+                if reply.granted and not request.pre_vote:    # the vote is on disk before it is given
+                    assert (self.disk[request.to].term, self.disk[request.to].voted_for) == (request.term, sender)
+            else:
+                [reply] = self.carry_out(request.to, target.on_append_request(request, self.now))
+            if self.lost():           # the answer is lost: the caller's timeout says as much
+                self.carry_out(sender, source.on_unreachable(request, self.now))
+            elif isinstance(reply, VoteReply):
+                self.carry_out(sender, source.on_vote_reply(request, reply, self.now))
+            else:
+                self.carry_out(sender, source.on_append_reply(request, reply, self.now))
+
+    def run(self, seconds: float) -> None:
+        end = self.now + seconds
+        while self.now < end - 1e-9:
+            self.now += STEP
+            for name in self.names:
+                if name in self.alive:
+                    self.carry_out(name, self.nodes[name].tick(self.now))
+            self.deliver()
+
+    # ---- looking at it ---------------------------------------------------------------------------
+    def leader(self) -> str | None:
+        leaders = [n for n in self.names if n in self.alive and self.nodes[n].role == "leader"
+                   and self.nodes[n].members.has_majority]
+        assert len(leaders) <= 1
+        return leaders[0] if leaders else None
+
+    def propose(self, command: dict) -> int:
+        name = self.leader()
+        index, ready = self.nodes[name].propose(json.dumps(command).encode(), self.now)
+        self.carry_out(name, ready)
+        self.deliver()
+        return index
+
+    def commands(self, name: str) -> list[dict]:
+        return [json.loads(e.command) for e in self.applied[name] if json.loads(e.command).get("op") != "noop"]
+
+    def check_applied_agree(self) -> None:
+        """State machine safety: what any two nodes applied, one is a prefix of the other."""
+        for a in self.names:
+            for b in self.names:
+                n = min(len(self.applied[a]), len(self.applied[b]))
+                assert self.applied[a][:n] == self.applied[b][:n]
+            assert [e.index for e in self.applied[a]] == list(range(1, len(self.applied[a]) + 1))
+
+
+# ---- a simulated cluster ---------------------------------------------------------------------------------
+def test_three_nodes_elect_one_leader_and_replicate_what_it_is_given():
+    net = Network()
+    net.run(ELECTION_MAX + 0.5)
+    leader = net.leader()
+    assert leader is not None
+    assert all(net.nodes[n].leader == leader for n in net.names)
+    for i in range(5):
+        net.propose({"op": "set", "i": i})
+    net.run(0.5)
+    for name in net.names:
+        assert net.commands(name) == [{"op": "set", "i": i} for i in range(5)]
+        assert net.disk[name].entries == net.nodes[name].persistent.entries     # all of it written
+    net.check_applied_agree()
+    with pytest.raises(NotLeader):
+        follower = next(n for n in net.names if n != leader)
+        net.nodes[follower].propose(b"{}", net.now)
+
+
+def test_a_leader_cut_off_steps_down_and_its_uncommitted_entry_is_replaced():
+    net = Network(seed=2)
+    net.run(2.0)
+    old = net.leader()
+    net.propose({"op": "set", "i": 0})
+    net.run(0.3)
+    old_term = net.nodes[old].term
+    rest = [n for n in net.names if n != old]
+    net.partition([old], rest)
+    # proposed before it notices: appended to its log only, never committed
+    orphan, ready = net.nodes[old].propose(b'{"op": "orphan"}', net.now)
+    net.carry_out(old, ready)
+    net.run(0.05)
+    assert net.nodes[old].role == "follower"          # check-quorum: it cannot see a majority
+    assert net.nodes[old].term == old_term
+    net.run(2.0)
+    new = net.leader()
+    assert new in rest and net.nodes[new].term > old_term
+    net.propose({"op": "set", "i": 1})
+    net.run(0.3)
+    net.heal()
+    net.run(1.0)
+    assert net.leader() == new                        # the old leader came back as a follower
+    for name in net.names:
+        assert net.commands(name) == [{"op": "set", "i": 0}, {"op": "set", "i": 1}]
+        assert net.nodes[name].persistent.entries == net.nodes[new].persistent.entries
+        assert net.disk[name].entries == net.nodes[new].persistent.entries   # the conflicting suffix rewritten
+    assert net.nodes[old].persistent.entries[orphan - 1] != (old_term, b'{"op": "orphan"}')
+    net.check_applied_agree()
+
+
+def test_a_node_cut_off_from_the_leader_only_cannot_raise_the_term():
+    # c loses its link to the leader but still sees b: it thinks it sees a majority and its
+    # election timer runs out, but b still hears from the leader and refuses its pre-vote
+    net = Network(seed=3)
+    net.run(2.0)
+    leader = net.leader()
+    other, returning = [n for n in net.names if n != leader]
+    term = net.nodes[leader].term
+    net.cut = {frozenset((leader, returning))}
+    net.run(5.0)
+    assert net.leader() == leader
+    assert {net.nodes[n].term for n in net.names} == {term}
+    assert net.nodes[returning].role == "follower" and net.nodes[returning].leader == leader
+    net.heal()
+    net.propose({"op": "set", "i": 0})
+    net.run(0.5)
+    assert net.commands(returning) == [{"op": "set", "i": 0}]
+
+
+def test_when_the_leader_dies_the_survivors_stand_in_turn_by_name():
+    net = Network(names=("hare1", "hare2", "hare3"), seed=4)
+    net.run(2.0)
+    dead = net.leader()
+    term = net.nodes[dead].term
+    net.alive.discard(dead)
+    first = min(n for n in net.names if n != dead)
+    started = net.now
+    while net.leader() is None:
+        net.run(STEP)
+    assert net.leader() == first and net.nodes[first].term == term + 1     # one election, no split vote
+    assert net.now - started < ELECTION_MIN                               # without sitting out a timeout
+
+
+def test_a_minority_never_elects_and_a_majority_always_does():
+    net = Network(names=("a", "b", "c", "d", "e"), seed=5)
+    net.run(2.0)
+    net.partition(["a", "b"], ["c", "d", "e"])
+    net.run(3.0)
+    assert net.leader() in ("c", "d", "e")
+    assert all(net.nodes[n].role == "follower" for n in ("a", "b"))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_under_loss_and_partitions_the_nodes_apply_the_same_sequence(seed):
+    net = Network(names=("a", "b", "c"), seed=seed, loss=0.2)
+    rng = random.Random(seed)
+    proposed = 0
+    for _round in range(30):
+        choice = rng.random()
+        if choice < 0.2:
+            group = rng.sample(net.names, 1)
+            net.partition(group, [n for n in net.names if n not in group])
+        elif choice < 0.5:
+            net.heal()
+        if net.leader() is not None:
+            net.propose({"op": "set", "i": proposed})
+            proposed += 1
+        net.run(rng.uniform(0.05, 0.6))
+        net.check_applied_agree()
+    net.heal()
+    net.loss = 0.0
+    net.run(3.0)
+    leader = net.leader()
+    assert leader is not None
+    net.propose({"op": "last"})
+    net.run(0.5)
+    net.check_applied_agree()
+    assert {len(net.applied[n]) for n in net.names} == {net.nodes[leader].commit_index}
+    sets = [c["i"] for c in net.commands(leader) if "i" in c]
+    assert sets == sorted(set(sets))        # each proposal applied at most once, in order
+
+
+# ---- one machine, messages fed by hand ---------------------------------------------------------------
+class Fixed:
+    """A membership view that does not change: all peers up."""
+
+    def __init__(self, name, peers):
+        self.name, self.peers = name, set(peers)
+
+    size = property(lambda self: len(self.peers) + 1)
+    has_majority = True
+
+    def is_up(self, name):
+        return True
+
+    def up_members(self):
+        return [self.name, *sorted(self.peers)]
+
+
+def machine(name="a", peers=("b", "c"), terms=(), term=0) -> RaftMachine:
+    state = PersistentState(term, None, [(t, b"x%d" % i) for i, t in enumerate(terms, 1)])
+    return RaftMachine(name, Fixed(name, peers), state, LOG, 0.0, random.Random(0))
+
+
+def elect(m: RaftMachine, now: float = ELECTION_MAX + 0.01):
+    """Past the deadline, every peer says yes to the pre-vote and then to the vote."""
+    ready = m.tick(now)
+    assert {type(x) for x in ready.messages} == {VoteRequest} and all(x.pre_vote for x in ready.messages)
+    assert ready.hard_state is None                      # a pre-vote raises nothing
+    for request in ready.messages:
+        ready = m.on_vote_reply(request, VoteReply(m.name, m.term, True), now)
+        if ready.messages:
+            break
+    assert ready.hard_state == (m.term, m.name) and m.role == "candidate"
+    votes = ready.messages
+    for request in votes:
+        ready = m.on_vote_reply(request, VoteReply(m.name, m.term, True), now)
+        if m.role == "leader":
+            return ready
+    raise AssertionError("not elected")
+
+
+def test_a_new_leader_commits_an_old_terms_entry_only_under_one_of_its_own():
+    m = machine(terms=(1, 2), term=3)
+    ready = elect(m)
+    assert m.term == 4 and m.persistent.last_index == 3 and m.persistent.term_at(3) == 4   # its noop
+    assert ready.log_writes[0].start == 3
+    appends = {r.to: r for r in ready.messages}
+    assert set(appends) == {"b", "c"} and appends["b"].prev_log_index == 2
+    # b holds index 2 (term 2) only: a majority has it, but it is not of term 4
+    ready = m.on_append_reply(appends["b"], AppendReply("a", 4, True, 2), 1.3)
+    assert m.commit_index == 0 and not ready.committed
+    # then b holds the noop too: everything up to it commits, in order
+    ready = m.on_append_reply(ready.messages[0], AppendReply("a", 4, True, 3), 1.3)
+    assert m.commit_index == 3 and [e.index for e in ready.committed] == [1, 2, 3]
+    assert {r.to for r in ready.messages} == {"b"}     # c is still busy; b is told the commit now
+
+
+def test_a_leader_steps_back_to_a_lagging_follower_and_a_higher_term_deposes_it():
+    m = machine(terms=(1, 1, 1), term=1)
+    ready = elect(m)
+    request = next(r for r in ready.messages if r.to == "b")
+    ready = m.on_append_reply(request, AppendReply("a", m.term, False, 1), 1.3)     # b has one entry
+    [retry] = ready.messages
+    assert retry.prev_log_index == 1 and [e.index for e in retry.entries] == [2, 3, 4]
+    ready = m.on_append_reply(retry, AppendReply("a", m.term + 3, False, 0), 1.3)
+    assert m.role == "follower" and ready.leadership_lost and ready.hard_state == (m.term, None)
+    with pytest.raises(NotLeader):
+        m.propose(b"{}", 1.4)
+
+
+def test_a_follower_replaces_a_conflicting_suffix_and_commits_what_the_append_vouched_for():
+    f = machine("b", ("a", "c"), terms=(1, 1, 2, 2), term=2)
+    ready = f.on_append_request(AppendRequest("b", 3, "a", 4, 3, (), 0), 1.0)
+    assert ready.messages == [AppendReply("a", 3, False, 3)] and ready.hard_state == (3, None)
+    ready = f.on_append_request(AppendRequest("b", 3, "a", 2, 1, (Entry(3, 3, b"n"),), 9), 1.0)
+    assert ready.messages == [AppendReply("a", 3, True, 3)]
+    [write] = ready.log_writes
+    assert write.start == 3 and write.whole == ((1, b"x1"), (1, b"x2"), (3, b"n"))
+    assert f.persistent.entries == list(write.whole) and f.commit_index == 3
+    assert [e.index for e in ready.committed] == [1, 2, 3]
+    ready = f.on_append_request(AppendRequest("b", 2, "a", 3, 3, (), 9), 1.1)     # a stale leader
+    assert ready.messages == [AppendReply("a", 3, False, 0)] and f.leader == "a"
+
+
+def test_pre_vote_is_refused_while_the_leader_is_heard_and_granted_once_it_is_not():
+    f = machine("b", ("a", "c"), term=5)
+    f.on_append_request(AppendRequest("b", 5, "a", 0, 0), 10.0)
+    ask = VoteRequest("b", 6, "c", 0, 0, pre_vote=True)
+    assert f.leader_to_ping(ask, 10.1) == "a"
+    ready = f.on_vote_request(ask, 10.1, leader_reachable=True)
+    assert ready.messages == [VoteReply("c", 5, False)] and f.term == 5
+    ready = f.on_vote_request(VoteRequest("b", 6, "c", 0, 0), 10.1)       # nor a real vote
+    assert ready.messages == [VoteReply("c", 5, False)] and f.term == 5 and ready.hard_state is None
+    ready = f.on_vote_request(ask, 10.1, leader_reachable=False)          # the ping found it gone
+    assert ready.messages == [VoteReply("c", 5, True)] and f.term == 5 and ready.hard_state is None
+    later = 10.0 + ELECTION_MIN + 0.01
+    ready = f.on_vote_request(ask, later, leader_reachable=True)          # its lease ran out
+    assert ready.messages == [VoteReply("c", 5, True)] and f.leader_to_ping(ask, later) is None
+    ready = f.on_vote_request(VoteRequest("b", 6, "c", 0, 0), later)
+    assert ready.messages == [VoteReply("c", 6, True)] and ready.hard_state == (6, "c") and f.leader is None
+    outsider = f.on_vote_request(VoteRequest("b", 9, "z", 0, 0), 20.0)     # a forgotten member
+    assert outsider.messages == [VoteReply("z", 6, False)]
+
+
+def test_a_cluster_of_one_leads_and_commits_on_its_own():
+    m = machine(peers=())
+    ready = m.start(0.0)
+    assert m.role == "leader" and [e.index for e in ready.committed] == [1] and not ready.messages
+    index, ready = m.propose(b'{"op": "x"}', 0.1)
+    assert index == 2 and [e.command for e in ready.committed] == [b'{"op": "x"}']
+    assert [w.start for w in ready.log_writes] == [2]
+
+
+def test_a_leader_sends_one_append_at_a_time_and_retries_a_failed_or_lost_one():
+    m = machine()
+    ready = elect(m, now=2.0)
+    to_b = next(r for r in ready.messages if r.to == "b")
+    _, ready = m.propose(b'{"op": "x"}', 2.1)
+    assert {r.to for r in ready.messages} == set()        # both still have an append in flight
+    ready = m.on_unreachable(to_b, 2.2)                     # b's call failed: not again at once
+    assert not m.tick(2.2 + HEARTBEAT / 2).messages
+    [retry] = m.tick(2.2 + HEARTBEAT + 0.01).messages
+    assert retry.to == "b" and [e.index for e in retry.entries] == [1, 2]
+    # c's call never reported back: after APPEND_LOST it counts as lost and c is sent to again
+    assert "c" not in {r.to for r in m.tick(2.0 + APPEND_LOST - 0.1).messages}
+    assert "c" in {r.to for r in m.tick(2.0 + APPEND_LOST + 0.1).messages}
