@@ -109,7 +109,7 @@ class Membership:
         self.on_alarms: Callable[[str, frozenset], None] | None = None   # a member's alarms changed
         self.on_removed: Callable[[str], None] | None = None   # a member says we were forgotten
         self._tasks = TaskGroup(f"membership {name}")   # ping loops, the watch, name lookups
-        self._closing: set[asyncio.Future] = set()
+        self._closing = TaskGroup(f"membership {name}: channels closing")   # awaited, not cut short, on stop
         self._last_check = time.monotonic()
         self._stalled_at = 0.0
         # getaddrinfo blocks: its own threads, so a slow DNS never holds up the store's or Raft's
@@ -138,7 +138,7 @@ class Membership:
         for peer in self.peers.values():
             if peer.channel is not None:
                 await peer.channel.close()
-        await asyncio.gather(*self._closing, return_exceptions=True)
+        await self._closing.wait()
         self._resolver.shutdown(wait=False, cancel_futures=True)
 
     # ---- finding a member by name -------------------------------------------------------------
@@ -177,9 +177,7 @@ class Membership:
 
     def _close_later(self, closing) -> None:
         """A channel closing in the background: kept until it has, and awaited on stop."""
-        closing = asyncio.ensure_future(closing)
-        self._closing.add(closing)
-        closing.add_done_callback(self._closing.discard)
+        self._closing.spawn(closing)
 
     def _reresolve(self, peer: Peer) -> None:
         """Resolve the peer's name again (in the background, one lookup at a time) and dial the

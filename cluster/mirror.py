@@ -19,6 +19,8 @@ from collections import deque
 
 import structlog
 
+from haremq.node.tasks import TaskGroup
+
 from .codec import message_from_pb
 from .rpc import cluster_pb2 as pb
 
@@ -280,7 +282,8 @@ async def serve_mirror(mirroring, request_iterator, context):
         finally:
             acks.put_nowait(None)
 
-    task = asyncio.ensure_future(apply_batches())
+    stream = TaskGroup(f"mirror stream {first.vhost}/{first.queue} from {first.master}")   # applies batches
+    stream.spawn(apply_batches())
     try:
         while True:
             item = await acks.get()
@@ -299,5 +302,5 @@ async def serve_mirror(mirroring, request_iterator, context):
                 continue
             yield pb.MirrorAck(seq=item)
     finally:
-        task.cancel()
+        await stream.close()
         mirroring.probe(first.master)     # the master may be gone: find out now, not at the next ping

@@ -24,6 +24,7 @@ import structlog
 
 from haremq.node.broker.commands import Command, QueuePromote
 from haremq.node.broker.policy import winning
+from haremq.node.tasks import TaskGroup
 
 from .ha import HAState, mirror_nodes
 from .mirror import MirrorQueue
@@ -52,7 +53,7 @@ class Mirroring:
         # a promotion here: the mirrors that were in sync with the old master, and the newest key
         # this node brought; their copies are reconciled with this one, not copied again
         self.reconcile_offers: dict[tuple[str, str], tuple[set, int]] = {}
-        self._task: asyncio.Task | None = None
+        self.tasks = TaskGroup(f"mirroring {node.name}")   # the ticker, each mirror link's stream
         self._last_tick = 0.0
         self._quiet_until = 0.0
 
@@ -78,13 +79,12 @@ class Mirroring:
         self.cluster.submit(command, lambda _result, err: done(err is None))
 
     async def start(self) -> None:
-        self._task = asyncio.ensure_future(self._ticker())
+        self.tasks.spawn(self._ticker())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
         for replicator in self.replicators.values():
             replicator.close(False)
+        await self.tasks.close()
 
     # ---- the log's record ------------------------------------------------------------------
     def _definition(self, vhost_name: str, queue_name: str) -> dict:

@@ -15,6 +15,7 @@ from pamqp import decode
 
 from haremq.node.broker.queue import LOGGED, SAFE, Consumer, Queue
 from haremq.node.protocol.replies import AMQPError, ReplyCode
+from haremq.node.tasks import TaskGroup
 
 from .codec import message_from_pb, message_to_pb
 from .remote_queue import DISCARD, MOVED, REQUEUE
@@ -200,7 +201,8 @@ async def serve_link(broker, request_iterator, context):
             link.close()
             events.put_nowait(None)
 
-    task = asyncio.ensure_future(handle_calls())
+    stream = TaskGroup(f"queue link {first.open.vhost}/{first.open.queue}")   # handles the calls
+    stream.spawn(handle_calls())
     try:
         while True:
             event = await events.get()
@@ -211,5 +213,5 @@ async def serve_link(broker, request_iterator, context):
                 link.starved = False
                 queue.dispatch()
     finally:
-        task.cancel()
+        await stream.close()
         link.close()

@@ -69,7 +69,7 @@ class QueueLink:
         self.calls.put_nowait(pb.QueueCall(open=pb.QueueCall.Open(vhost=queue.vhost, queue=queue.name, owner=owner,
                                                                   epoch=queue.epoch)))
         self._call = peer.stub.QueueSession(self._requests(), metadata=peer_metadata(queue), wait_for_ready=True)
-        self._reader = asyncio.ensure_future(self._read())
+        self._reader = queue.tasks.spawn(self._read())    # ends with the call; the node's group awaits it
 
     async def _requests(self):
         while True:

@@ -270,7 +270,7 @@ class MirrorLink:
         self._event = asyncio.Event()
         self._stream_id = 0
         self._call = None
-        self._task = asyncio.ensure_future(self._run())
+        self._task = replicator.mirroring.tasks.spawn(self._run())   # cancelled on close, awaited by mirroring
 
     def wake(self) -> None:
         if not self._event.is_set():

@@ -12,6 +12,8 @@ from collections import defaultdict
 import grpc
 import structlog
 
+from haremq.node.tasks import TaskGroup
+
 from .codec import message_to_pb
 from .rpc import cluster_pb2 as pb
 
@@ -25,6 +27,7 @@ class ReplyForwarder:
         self.membership = membership
         self._waiting: dict[str, list] = defaultdict(list)
         self._senders: dict[str, asyncio.Task] = {}
+        self.tasks = TaskGroup(f"direct replies {membership.name}")   # the senders
         self.log = structlog.get_logger("haremq.cluster").bind(node=membership.name)
 
     def forward(self, node: str, token: str, message) -> bool:
@@ -34,7 +37,7 @@ class ReplyForwarder:
             return False
         self._waiting[node].append(pb.ReplyBatch.Reply(token=token, message=message_to_pb(message)))
         if node not in self._senders:
-            self._senders[node] = asyncio.ensure_future(self._send(node, peer))
+            self._senders[node] = self.tasks.spawn(self._send(node, peer))
         return True
 
     async def _send(self, node: str, peer) -> None:
@@ -52,8 +55,6 @@ class ReplyForwarder:
             self._senders.pop(node, None)
 
     async def stop(self) -> None:
-        for task in list(self._senders.values()):
-            task.cancel()
-        await asyncio.gather(*self._senders.values(), return_exceptions=True)
+        await self.tasks.close()
         self._senders.clear()
         self._waiting.clear()

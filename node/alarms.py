@@ -23,6 +23,8 @@ from pathlib import Path
 
 import structlog
 
+from .tasks import TaskGroup
+
 DEFAULT_MEMORY_WATERMARK = "0.4"
 DEFAULT_DISK_FREE_LIMIT = "50MB"
 CHECK_INTERVAL = 1.0
@@ -100,7 +102,7 @@ class ResourceMonitor:
         self.set_disk_free_limit(disk_free_limit)
         self.memory_used = 0
         self.disk_available = 0
-        self._task: asyncio.Task | None = None
+        self.tasks = TaskGroup("resource monitor")   # the periodic check
 
     def set_memory_watermark(self, watermark: str | float) -> int:
         self.memory_limit = memory_limit(watermark)
@@ -134,7 +136,7 @@ class ResourceMonitor:
 
     def start(self) -> None:
         self.check()
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self.tasks.spawn(self._run())
 
     async def _run(self) -> None:
         while True:
@@ -145,13 +147,7 @@ class ResourceMonitor:
                 self.log.exception("resource check failed")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self.tasks.close()
 
     def status(self) -> dict:
         return {"memory_used": self.memory_used, "memory_limit": self.memory_limit,

@@ -1,7 +1,9 @@
 """One HareMQ node: its components, started and stopped in a known order from one place.
 
 A test can run a node in-process (`async with Node(config)`) as easily as a
-user runs `haremq node`.
+user runs `haremq node`. A clustered node's cluster side is handed in, built
+by the application's assembly (node/cli.py), so the broker's side never
+imports the cluster.
 """
 from __future__ import annotations
 
@@ -9,12 +11,14 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Protocol
 
 import structlog
 
 from .broker.broker import Broker
 from .server import AMQPServer
 from .store.store import MessageStore, StoreError
+from .tasks import TaskGroup
 
 
 class NodeError(Exception):
@@ -54,20 +58,33 @@ class NodeConfig:
                                                 # it with a warning if taken (several nodes on one host)
 
 
+class ClusterSide(Protocol):
+    """What a node asks of its cluster side (cluster/node.py's ClusterNode): started once the
+    broker and the AMQP listener are up, stopped before them."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 class Node:
-    def __init__(self, config: NodeConfig):
+    def __init__(self, config: NodeConfig, cluster_side: Callable[["Node"], ClusterSide] | None = None):
+        """cluster_side(node) builds the node's cluster side once its broker and AMQP listener
+        exist; a node with a cluster port needs it (node/cli.py's `cluster_side`)."""
         self.config = config
+        self._cluster_side = cluster_side
         self.log = structlog.get_logger("haremq.node").bind(node=config.name)
         self.broker: Broker | None = None
         self.store: MessageStore | None = None
         self.amqp: AMQPServer | None = None
-        self.cluster = None
+        self.cluster: ClusterSide | None = None
+        self.recovered_queues: dict = {}   # clustered: the store's queues, to rejoin theirs once the log replays
         self.resources = None
         self.management = None
         self._stopping = False
         self._stopped = asyncio.Event()
         self.failure: str | None = None     # why the node stopped by itself, if it did
-        self._failing: asyncio.Task | None = None
+        self.tasks = TaskGroup(f"node {config.name}")   # a stop asked for by a signal or a failure
 
     async def __aenter__(self) -> "Node":
         await self.start()
@@ -77,6 +94,8 @@ class Node:
         await self.stop()
 
     async def start(self) -> None:
+        if self.config.cluster_port is not None and self._cluster_side is None:
+            raise NodeError("a cluster port needs a node built with its cluster side (node/cli.py)")
         self._prepare_data_dir()
         tls = self._tls_context()          # bad certificate files stop the node before anything starts
         self.store = MessageStore(self.config.data_dir, self.config.name, segment_size=self.config.segment_size,
@@ -86,11 +105,10 @@ class Node:
         except StoreError as exc:
             raise NodeError(str(exc)) from None
         self.broker = Broker(self.config.name, self.store)
-        self._recovered_queues = {}
         if self.config.cluster_port is None:
             self.broker.restore(recovered)
         else:   # clustered: metadata comes back by replaying the cluster's log; messages join their queues then
-            self._recovered_queues = dict(recovered.queues)
+            self.recovered_queues = dict(recovered.queues)
         self._default_user()
         await self._load_definitions()
         self._resource_monitor()
@@ -107,14 +125,7 @@ class Node:
             raise NodeError(f"cannot listen on {self.config.bind}:{ports}: {exc.strerror or exc}") from None
         self.resources.start()
         if clustered:
-            from haremq.cluster.node import ClusterConfig, ClusterNode
-            self.cluster = ClusterNode(self.config.name, ClusterConfig(
-                port=self.config.cluster_port, bind=self.config.bind, peers=dict(self.config.peers),
-                secret=self.config.cluster_secret, failure_timeout=self.config.failure_timeout,
-                tls=self.config.cluster_tls, advertise=self.config.advertise),
-                self.broker, self.amqp, self.config.data_dir)
-            self.cluster.metadata.recovered = dict(self._recovered_queues)
-            self.cluster.on_removed = self.fail
+            self.cluster = self._cluster_side(self)
             try:
                 await self.cluster.start()
             except OSError as exc:
@@ -206,7 +217,12 @@ class Node:
         """Stop by itself, for a reason the process reports as it exits (status 1)."""
         self.log.error("node stopping: " + reason)
         self.failure = reason
-        self._failing = asyncio.ensure_future(self.stop())    # kept until the node has stopped
+        self.stop_soon()
+
+    def stop_soon(self) -> None:
+        """Stop in the background (a signal, a failure): the node's task group keeps the stop
+        until it has ended."""
+        self.tasks.spawn(self.stop())
 
     async def stop(self) -> None:
         if self._stopping:
@@ -224,6 +240,7 @@ class Node:
             await self.amqp.stop()
         if self.store is not None:
             await self.store.close()
+        await self.tasks.close()      # but the stop running this, if a signal or failure started it
         self.log.info("node stopped")
         self._stopped.set()
 

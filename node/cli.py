@@ -9,6 +9,10 @@
 Every `haremq node` setting is a flag, an environment variable HAREMQ_<SETTING>
 (for example HAREMQ_CLUSTER_PORT, which containers use) and a key of the
 `--config FILE` (TOML); node/settings.py reads them once.
+
+This is the application's assembly: the one module that imports both node/ and
+cluster/. It hands a Node its cluster side and `haremq ctl` its client of the
+cluster port, so the rest of node/ never imports the cluster.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import signal
 import sys
 
 from . import logs, settings
-from .app import Node, NodeConfig, NodeError
+from .app import ClusterSide, Node, NodeConfig, NodeError
 from .version import __version__
 
 
@@ -58,17 +62,32 @@ def _peers(values: dict) -> dict[str, str]:
     return peers
 
 
+def cluster_side(node: Node) -> ClusterSide:
+    """A clustered node's cluster side (cluster/node.py), built once its broker and AMQP
+    listener exist: it takes the queues the store recovered, and stops the node when the
+    cluster forgets it."""
+    from haremq.cluster.node import ClusterConfig, ClusterNode
+    config = node.config
+    cluster = ClusterNode(config.name, ClusterConfig(
+        port=config.cluster_port, bind=config.bind, peers=dict(config.peers), secret=config.cluster_secret,
+        failure_timeout=config.failure_timeout, tls=config.cluster_tls, advertise=config.advertise),
+        node.broker, node.amqp, config.data_dir)
+    cluster.metadata.recovered = dict(node.recovered_queues)
+    cluster.on_removed = node.fail
+    return cluster
+
+
 async def _run_node(config: NodeConfig) -> None:
     # Queued messages are long-lived acyclic objects: collect young garbage rarely and
     # never rescan what start-up created.
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 50, 1000)
-    node = Node(config)
+    node = Node(config, cluster_side)
     await node.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(node.stop()))
+        loop.add_signal_handler(sig, node.stop_soon)
     await node.wait_stopped()
     if node.failure is not None:
         raise NodeError(node.failure)
@@ -88,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         from haremq.bench.perf import main as perf_main
         return perf_main(argv[1:])
     if argv[:1] == ["ctl"]:
+        from haremq.cluster.control_client import ControlClient
+
         from .ctl import main as ctl_main
-        return ctl_main(argv[1:])
+        return ctl_main(argv[1:], ControlClient.load)
     if argv[:1] == ["cluster"]:
         from .local_cluster import main as cluster_main
         return cluster_main(argv[1:])

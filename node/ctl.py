@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Protocol
 
 DEFAULT_NODE = "127.0.0.1:25672"
 
@@ -214,37 +215,34 @@ def _call_args(args) -> list:
     return values
 
 
-TLS = None   # cluster.transport.TLSFiles, set from --tls-* flags
 DATA_ERRORS = ("NOT_FOUND", "PRECONDITION_FAILED", "RESOURCE_LOCKED", "NOT_ALLOWED", "ACCESS_REFUSED")
 
 
-async def control(node: str, secret: str, command: str, arguments: dict, timeout: float):
-    import grpc
+class ControlPort(Protocol):
+    """What ctl asks of a node's cluster port: cluster/control_client.py's ControlClient,
+    handed to main() by the application's assembly (node/cli.py)."""
 
-    from haremq.cluster import transport
-    from haremq.cluster.rpc import cluster_pb2 as pb
-    from haremq.cluster.rpc import cluster_pb2_grpc as pbg
-    from haremq.cluster.secret import call_metadata
-    async with transport.channel(node, TLS) as channel:
-        stub = pbg.ClusterStub(channel)
-        try:
-            reply = await stub.Control(pb.ControlRequest(command=command, arguments=json.dumps(arguments).encode()),
-                                       timeout=timeout, metadata=call_metadata(secret))
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code()
-            if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise CtlError(f"{node} refused the cluster secret", EX_NOPERM) from None
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise CtlError(f"{node} did not answer within {timeout:g}s", EX_TEMPFAIL) from None
-            if code == grpc.StatusCode.UNAVAILABLE:
-                raise CtlError(f"cannot reach {node}: unavailable", EX_UNAVAILABLE) from None
-            raise CtlError(f"cannot reach {node}: {code.name.lower()}", EX_SOFTWARE) from None
-    if not reply.ok:
-        text = reply.error
+    async def call(self, node: str, command: str, arguments: dict, timeout: float) -> tuple[bool, object]: ...
+
+
+async def control(node: str, client: ControlPort, command: str, arguments: dict, timeout: float):
+    """One Control call; no answer, or an error for one, is a CtlError with rabbitmqctl's status."""
+    try:
+        ok, answer = await client.call(node, command, arguments, timeout)
+    except PermissionError as exc:
+        raise CtlError(str(exc), EX_NOPERM) from None
+    except TimeoutError as exc:
+        raise CtlError(str(exc), EX_TEMPFAIL) from None
+    except ConnectionError as exc:
+        raise CtlError(str(exc), EX_UNAVAILABLE) from None
+    except OSError as exc:
+        raise CtlError(str(exc), EX_SOFTWARE) from None
+    if not ok:
+        text = answer
         data_error = text.startswith(DATA_ERRORS) or text.startswith(("no ", "unknown ")) \
             or "does not exist" in text or "not a member" in text or "is up:" in text
         raise CtlError(text, EX_DATAERR if data_error else EX_SOFTWARE)
-    return json.loads(reply.result) if reply.result else None
+    return answer
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
@@ -279,10 +277,10 @@ def _print(result, columns, as_json: bool) -> None:
         print(json.dumps(result, indent=2, sort_keys=True) if not isinstance(result, str) else result)
 
 
-async def _listing(args, secret: str):
+async def _listing(args, client: ControlPort):
     command, default_columns, _help = LISTINGS[args.command]
     arguments = {"kind": args.command.split("-", 1)[1]} if command == "management_rows" else {}
-    rows = await control(args.node, secret, command, arguments, args.timeout)
+    rows = await control(args.node, client, command, arguments, args.timeout)
     vhost = getattr(args, "vhost", None)
     if vhost is not None and isinstance(rows, list):
         rows = [r for r in rows if r.get("vhost") == vhost]
@@ -297,7 +295,7 @@ async def _listing(args, secret: str):
     return rows, columns
 
 
-async def _await(args, secret: str, check, what: str):
+async def _await(args, check, what: str):
     """Ask again until `check` holds or --timeout passes (75, as rabbitmqctl's await commands)."""
     deadline = time.monotonic() + args.timeout
     last = None
@@ -317,55 +315,55 @@ async def _await(args, secret: str, check, what: str):
         await asyncio.sleep(0.25)
 
 
-async def _run(args, secret: str) -> int:
+async def _run(args, client: ControlPort) -> int:
     as_json = args.formatter == "json"
     columns = None
     node = args.node
     if args.command == "watch":
         from .watch import watch
-        await watch(node, secret, args.interval, control, once=args.once)
+        await watch(node, client, args.interval, control, once=args.once)
         return EX_OK
     if args.command in LISTINGS:
-        result, columns = await _listing(args, secret)
+        result, columns = await _listing(args, client)
     elif args.command in ("sync-queue", "cancel-sync-queue"):
-        result = await control(node, secret, args.command.replace("-", "_"),
+        result = await control(node, client, args.command.replace("-", "_"),
                                {"vhost": args.vhost, "name": args.queue}, args.timeout)
     elif args.command == "purge-queue":
-        result = await control(node, secret, "purge_queue_any", {"vhost": args.vhost, "name": args.queue},
+        result = await control(node, client, "purge_queue_any", {"vhost": args.vhost, "name": args.queue},
                                args.timeout)
     elif args.command == "delete-queue":
-        result = await control(node, secret, "delete_queue", {"vhost": args.vhost, "name": args.queue,
+        result = await control(node, client, "delete_queue", {"vhost": args.vhost, "name": args.queue,
                                                              "if_unused": args.if_unused,
                                                              "if_empty": args.if_empty}, args.timeout)
     elif args.command == "close-connection":
-        result = await control(node, secret, "close_connection", {"name": args.connection, "reason": args.reason},
+        result = await control(node, client, "close_connection", {"name": args.connection, "reason": args.reason},
                                args.timeout)
     elif args.command == "import-definitions":
-        result = await control(node, secret, "import_definitions", {"definitions": await _read_definitions(args.file)},
+        result = await control(node, client, "import_definitions", {"definitions": await _read_definitions(args.file)},
                                args.timeout)
     elif args.command == "forget-node":
-        result = await control(node, secret, "forget_node", {"node": args.member}, args.timeout)
+        result = await control(node, client, "forget_node", {"node": args.member}, args.timeout)
     elif args.command == "await-startup":
         async def started(t):
-            status = await control(node, secret, "cluster_status", {}, t)
+            status = await control(node, client, "cluster_status", {}, t)
             return bool(status.get("majority")) and not status.get("paused"), "no majority yet"
-        result = await _await(args, secret, started, f"{node} to start")
+        result = await _await(args, started, f"{node} to start")
     elif args.command == "await-online-synchronized-mirror":
         async def safe(t):
-            critical = await control(node, secret, "sync_critical_queues", {}, t)
+            critical = await control(node, client, "sync_critical_queues", {}, t)
             return not critical, f"{len(critical)} queue(s) have their only synchronised copy here"
-        result = await _await(args, secret, safe, "a synchronised mirror of every queue on another member")
+        result = await _await(args, safe, "a synchronised mirror of every queue on another member")
         result = result if as_json else "every mirrored queue has a synchronised copy on another member"
     elif args.command == "check-if-node-is-mirror-sync-critical":
-        result = await control(node, secret, "sync_critical_queues", {}, args.timeout)
+        result = await control(node, client, "sync_critical_queues", {}, args.timeout)
         if result:
             _print(result, ["vhost", "name", "node"], as_json)
             return EX_UNAVAILABLE
     elif args.command in ("drain", "revive"):
-        result = await control(node, secret, args.command, {}, args.timeout)
+        result = await control(node, client, args.command, {}, args.timeout)
     else:
         method, _params, read, _help = BROKER_CALLS[args.command]
-        result = await control(node, secret, "broker_call",
+        result = await control(node, client, "broker_call",
                                {"method": method, "args": _call_args(args), "read": read}, args.timeout)
     _print(result, columns, as_json)
     return EX_OK
@@ -391,23 +389,21 @@ async def _read_definitions(filename: str) -> dict:
     return data
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], connect: Callable[..., ControlPort]) -> int:
+    """connect(secret_file, tls_cert, tls_key, tls_ca): the client of the cluster port (from
+    node/cli.py); OSError or ValueError when the operator's files cannot be read."""
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:
         print(f"haremq ctl: {exc}", file=sys.stderr)
         return EX_USAGE
-    global TLS
-    from haremq.cluster import secret as cluster_secret
-    from haremq.cluster import transport
     try:
-        TLS = transport.TLSFiles.load(args.tls_cert, args.tls_key, args.tls_ca)
-        secret = cluster_secret.resolve(args.cluster_secret_file)
+        client = connect(args.cluster_secret_file, args.tls_cert, args.tls_key, args.tls_ca)
     except (OSError, ValueError) as exc:
         print(f"haremq ctl: {exc}", file=sys.stderr)
         return EX_CONFIG
     try:
-        return asyncio.run(_run(args, secret))
+        return asyncio.run(_run(args, client))
     except CtlError as exc:
         print(f"haremq ctl: {exc}", file=sys.stderr)
         return exc.code

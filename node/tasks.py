@@ -1,5 +1,6 @@
-"""Who owns a background task: one TaskGroup per owner (a node's cluster side, its Raft, its
-membership, a remote queue's calls), which keeps each task while it runs and cancels and
+"""Who owns a background task: one TaskGroup per owner (a node, its store, its resource
+monitor and statistics, its cluster side, Raft, membership, mirroring, direct-reply senders,
+a link or mirror stream's handler), which keeps each task while it runs and cancels and
 awaits them all when the owner closes.
 
 No task is started and forgotten: asyncio keeps only a weak reference to a task, and a
@@ -32,6 +33,12 @@ class TaskGroup:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             self.log.error("background task failed", error=repr(task.exception()))
+
+    async def wait(self) -> None:
+        """Wait until every task has ended by itself (work that must finish, such as a
+        channel closing gracefully), but the one waiting, if it is one of them."""
+        current = asyncio.current_task()
+        await asyncio.gather(*(task for task in self._tasks if task is not current), return_exceptions=True)
 
     async def close(self) -> None:
         """Cancel every task still running and wait until each has ended (but the one

@@ -65,14 +65,15 @@ def _mirrors(q: dict) -> str:
     return ", ".join(parts) or "-"
 
 
-async def watch(node: str, secret: str, interval: float, control, once: bool = False) -> None:
+async def watch(node: str, client, interval: float, control, once: bool = False) -> None:
+    """control(node, client, command, arguments, timeout): node/ctl.py's call to the cluster port."""
     previous: dict = {}
     last = time.monotonic()
     if once:   # one frame on stdout, for scripts and tests
         status = queues = error = None
         try:
-            status = await control(node, secret, "cluster_status", {}, 2.0)
-            queues = await control(node, secret, "list_queues", {}, 2.0)
+            status = await control(node, client, "cluster_status", {}, 2.0)
+            queues = await control(node, client, "list_queues", {}, 2.0)
         except Exception as exc:  # noqa: BLE001
             error = str(exc)
         from rich.console import Console
@@ -82,8 +83,8 @@ async def watch(node: str, secret: str, interval: float, control, once: bool = F
         while True:
             status = queues = error = None
             try:
-                status = await control(node, secret, "cluster_status", {}, 2.0)
-                queues = await control(node, secret, "list_queues", {}, 2.0)
+                status = await control(node, client, "cluster_status", {}, 2.0)
+                queues = await control(node, client, "list_queues", {}, 2.0)
             except Exception as exc:  # noqa: BLE001 - the view shows the problem and goes on
                 error = str(exc)
             now = time.monotonic()

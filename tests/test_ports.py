@@ -1,24 +1,29 @@
 """The broker-cluster seam is explicit: every implementation of a port in node/broker/ports.py
-still has each of its methods (no sockets: the classes themselves are read)."""
+(and of what a node asks of its cluster side, and ctl of the cluster port) still has each of
+its methods (no sockets: the classes themselves are read)."""
 from __future__ import annotations
 
 import inspect
 
 import pytest
 
+from haremq.cluster.control_client import ControlClient
 from haremq.cluster.node import ClusterNode
 from haremq.cluster.queue_service import LinkChannel
 from haremq.cluster.remote_queue import RemoteQueue, _NodeItself
 from haremq.node.broker.channel import Channel
 from haremq.node.broker.metadata import LocalMetadata
 from haremq.node.broker.ports import ConsumerChannel, MetadataPort, QueuePort, RemoteCaller
+from haremq.node.app import ClusterSide
 from haremq.node.broker.queue import Queue
+from haremq.node.ctl import ControlPort
 
 IMPLEMENTATIONS = [
     (MetadataPort, ClusterNode), (MetadataPort, LocalMetadata),
     (QueuePort, Queue), (QueuePort, RemoteQueue),
     (ConsumerChannel, Channel), (ConsumerChannel, LinkChannel),
     (RemoteCaller, Channel), (RemoteCaller, _NodeItself),
+    (ClusterSide, ClusterNode), (ControlPort, ControlClient),
 ]
 
 

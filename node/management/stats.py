@@ -15,6 +15,8 @@ import asyncio
 import time
 from collections import deque
 
+from ..tasks import TaskGroup
+
 INTERVAL = 5.0          # seconds between samples
 WATCH_INTERVAL = 1.0    # seconds between looks at the cluster's members and queue masters
 HISTORY = 120           # samples kept: ten minutes
@@ -71,16 +73,14 @@ class Sampler:
         self._node_rates = {"publish": 0.0, "deliver_get": 0.0, "ack": 0.0, "confirm": 0.0}
         self._members: dict[str, str] = {}
         self._masters: dict[tuple[str, str], tuple[str, int]] = {}
-        self._task: asyncio.Task | None = None
+        self.tasks = TaskGroup("statistics sampler")   # the sampling loop
 
     def start(self) -> None:
         self.sample()
-        self._task = asyncio.ensure_future(self._run())
+        self.tasks.spawn(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self.tasks.close()
 
     async def _run(self) -> None:
         ticks = 0

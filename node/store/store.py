@@ -27,6 +27,7 @@ from typing import Callable
 
 import structlog
 
+from ..tasks import TaskGroup
 from . import records as rec
 from .writer import Batch, SegmentWriter, segment_path
 
@@ -111,7 +112,7 @@ class MessageStore:
         self._read_fds: dict[int, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: SegmentWriter | None = None
-        self._compactor: asyncio.Task | None = None
+        self.tasks = TaskGroup(f"store {node}")   # the periodic compaction
         self._closed = False
 
     # ---- lifetime ----------------------------------------------------------------------
@@ -123,15 +124,14 @@ class MessageStore:
         self._writer = SegmentWriter(self.directory, self.segment_size, self.meta_path,
                                      self._batch_done, self._loop, self._batch_written)
         self._writer.start(self.segment, self.position)
-        self._compactor = self._loop.create_task(self._compact_periodically())
+        self.tasks.spawn(self._compact_periodically())
         return recovered
 
     async def close(self) -> None:
         if self._closed or self._writer is None:
             return
         self._closed = True
-        if self._compactor is not None:
-            self._compactor.cancel()
+        await self.tasks.close()
         deadline = time.monotonic() + 10
         while (self._inflight is not None or self._pending or self._pending_meta is not None) \
                 and time.monotonic() < deadline:
