@@ -3,9 +3,12 @@ queue's master, mirrors and counts from its home node, actions on queues homed e
 a failover as the API and the timeline show it, definitions imported through the metadata log."""
 from __future__ import annotations
 
+import time
 
 import pika
 import pytest
+
+from haremq.node.management.stats import WATCH_INTERVAL
 
 from tests.clusters import proxied_cluster, stop_cluster
 from tests.conftest import IS_REF, free_port, unique_name, wait_until
@@ -102,7 +105,11 @@ def test_cluster_wide_queues_mirrors_metrics_and_a_failover(cluster):
     assert f'haremq_queue_epoch{{queue="{mirrored}",vhost="/"}} 1.0' in text
     assert 'haremq_peer_up{peer="hare1"} 1.0' in text and "\nharemq_raft_term " in text
 
-    # kill the master: a survivor's API shows the node down and the queue's new master
+    # kill the master: a survivor's API shows the node down and the queue's new master. The
+    # timeline notes changes it sees between two looks (one a second): let hare1 look once while
+    # hare2 is up and the queue is its, or a start and a kill within one second show no change.
+    wait_until(lambda: {n["name"]: n for n in api(hare1, "GET", "/api/nodes")[1]}["hare2"]["running"], 10)
+    time.sleep(WATCH_INTERVAL + 0.3)
     hare2.kill9()
 
     def moved():
