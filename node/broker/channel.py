@@ -68,19 +68,22 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
         self.remote_queues.add(queue)
 
     def can_deliver(self) -> bool:
-        if self.closed or self.deliveries.full():
+        deliveries = self.deliveries      # is the channel-wide prefetch used up? (asked before every delivery)
+        if self.closed or (deliveries.prefetch_global and deliveries.global_unacked >= deliveries.prefetch_global):
             return False
         return self.session.can_write()
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
         self.delivered_total += 1
-        tag = self.deliveries.tag()
+        deliveries = self.deliveries
+        tag = deliveries.next_tag         # Deliveries.tag(), written out: the hottest path
+        deliveries.next_tag = tag + 1
         message = entry.message
         self.session.write(encode_deliver(self.id, consumer.tag_raw, tag, entry.redelivered,
                                           message.exchange_raw, message.routing_key_raw,
                                           message.props_raw, message.body, self.session.frame_max))
         if not consumer.no_ack:
-            self.deliveries.delivered(tag, entry, consumer.queue, consumer)
+            deliveries.delivered(tag, entry, consumer.queue, consumer)
             if entry.msg_id and consumer.queue.store.is_written(entry.msg_id):
                 # Its DELIVER record must be in the OS before the client sees it; if the
                 # ENQUEUE is not written yet, both go out in the same write anyway.

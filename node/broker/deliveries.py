@@ -43,10 +43,6 @@ class Deliveries:
         self.next_tag = tag + 1
         return tag
 
-    def full(self) -> bool:
-        """The channel-wide prefetch is used up."""
-        return bool(self.prefetch_global) and self.global_unacked >= self.prefetch_global
-
     def room_for(self, consumer) -> bool:
         return consumer.no_ack or not self.prefetch_global or self.global_unacked < self.prefetch_global
 
