@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,11 +33,14 @@ import time
 from pathlib import Path
 
 from haremq.node.app import Node, NodeConfig
+from haremq.node.cli import use_uvloop
 from haremq.node.broker.broker import Broker
 from haremq.node.broker.session import Session
 from haremq.node.server import AMQPProtocol
 from haremq.node.store.store import MessageStore
 from haremq.node.store.writer import SegmentWriter
+
+from .failover import free_port
 
 now = time.perf_counter_ns      # CLOCK_MONOTONIC on Linux, as the client's time.monotonic_ns
 
@@ -130,9 +132,7 @@ def instrument(marks: Marks) -> None:
 async def run(messages: int, size: int, data_dir: Path) -> tuple[list, list]:
     marks = Marks()
     instrument(marks)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     node = Node(NodeConfig(name="breakdown", data_dir=data_dir, amqp_port=port))
     await node.start()
     client = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, str(port), str(messages), str(size),
@@ -158,11 +158,7 @@ def main(argv=None) -> None:
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--size", type=int, default=1024)
     args = parser.parse_args(argv)
-    try:
-        import uvloop       # the loop `haremq node` runs on
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
+    use_uvloop()
     with tempfile.TemporaryDirectory() as tmp:
         client_times, node_marks = asyncio.run(run(args.messages, args.size, Path(tmp)))
     if len(node_marks) != len(client_times):

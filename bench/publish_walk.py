@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import sys
 import tempfile
 import threading
@@ -25,14 +24,10 @@ import pika
 
 from haremq.node.app import Node, NodeConfig
 
+from .failover import free_port
+
 ROOT = Path(__file__).absolute().parent.parent
 SKIP = ("bench/publish_walk.py",)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Walk:
@@ -100,7 +95,7 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", action="store_true", help="print every call of the median publish")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        walks = asyncio.run(_trace(_free_port(), Path(tmp), args.rounds))
+        walks = asyncio.run(_trace(free_port(), Path(tmp), args.rounds))
     # how the client's frames arrive (one read or several) and whether the fsync finishes
     # before the loop looks again vary from one publish to the next: the median is the walk
     walks.sort(key=lambda w: len(w.calls))

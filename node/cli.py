@@ -93,7 +93,8 @@ async def _run_node(config: NodeConfig) -> None:
         raise NodeError(node.failure)
 
 
-def _event_loop_policy() -> None:
+def use_uvloop() -> None:
+    """The event loop `haremq node` runs on (and the benches that time a node in-process)."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                             # the default ports: several nodes on one host must not stop each other
                             optional_ports=tuple(name for name in ("management", "prometheus")
                                                  if v[f"{name}_port"] is None))
-        _event_loop_policy()
+        use_uvloop()
         try:
             asyncio.run(_run_node(config))
         except NodeError as exc:

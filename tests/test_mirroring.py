@@ -66,6 +66,17 @@ def _mirrored_on_all(hare1, name, via=None):
     return _synced(via or hare1, name, ["hare2", "hare3"])
 
 
+def _consumer_holding(member, queue, count):
+    """A manual-ack consumer on `member` with prefetch `count`, once it holds `count` deliveries:
+    (connection, channel, [(method, body)]); the list goes on filling as more arrive."""
+    cc, cons = _chan(member)
+    cons.basic_qos(prefetch_count=count)
+    got = []
+    cons.basic_consume(queue, lambda _ch, m, _p, body: got.append((m, body)))
+    wait_until(lambda: cc.process_data_events(0.05) or len(got) == count, timeout=10)
+    return cc, cons, got
+
+
 def _drain(member, queue, ack=True, limit=None):
     """Every message left in the queue (or the first `limit`), via basic.get: [(body, redelivered)]."""
     c, ch = _chan(member)
@@ -144,11 +155,7 @@ def test_failover_keeps_every_confirmed_message_and_redelivers_unacked(cluster):
     for i in range(200):
         pub.basic_publish("", "ha.fail", str(i).encode(), PERSISTENT)
     # a consumer on hare3 takes 10 and does not ack them
-    cc, cons = _chan(hare3)
-    cons.basic_qos(prefetch_count=10)
-    held = []
-    cons.basic_consume("ha.fail", lambda _ch, m, _p, body: held.append((m, body)))
-    wait_until(lambda: cc.process_data_events(0.05) or len(held) == 10, timeout=10)
+    cc, cons, held = _consumer_holding(hare3, "ha.fail", 10)
     cons.stop_consuming()
     hare1.kill9()
     # the same publisher channel on hare2 goes on once a mirror is master
@@ -183,11 +190,7 @@ def test_acks_that_never_reached_the_mirrors_do_not_deliver_twice(cluster):
     pc, pub = _chan(hare2, confirm=True)     # through another node: the messages carry a publish id
     for i in range(60):
         pub.basic_publish("", "ha.acked", str(i).encode(), PERSISTENT)
-    cc, cons = _chan(hare3)
-    cons.basic_qos(prefetch_count=60)
-    got = []
-    cons.basic_consume("ha.acked", lambda _ch, m, _p, body: got.append((m, body)))
-    wait_until(lambda: cc.process_data_events(0.05) or len(got) == 60, timeout=10)
+    cc, cons, got = _consumer_holding(hare3, "ha.acked", 60)
     os.killpg(hare1.proc.pid, signal.SIGSTOP)
     for method, _body in got[:30]:
         cons.basic_ack(method.delivery_tag)

@@ -197,11 +197,14 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
                          self.session.key, m.index), lambda _r: reply, nowait)
 
     def _reply_durable(self, method, nowait: bool = False) -> None:
-        """Reply once pending metadata is on disk; a durable declare must survive a crash."""
-        if nowait or not self.session.broker.metadata_pending():
-            self._reply(method, nowait)
-        else:
+        """Reply once pending metadata is on disk; a durable declare must survive a crash. A
+        channel held for the call (a queue answered it) goes on after the reply."""
+        if not nowait and self.session.broker.metadata_pending():
             self._hold(method)
+        elif self.held:
+            self._answer(method, nowait)
+        else:
+            self._reply(method, nowait)
 
     def _hold(self, reply, commit: "CommitWait | None" = None) -> None:
         """Send `reply` when everything written so far is durable (and every publish of `commit`

@@ -87,8 +87,8 @@ class QueueMethods:
             self.session.fail_channel(self.id, err)
             return
         reply = cmd.Queue.DeclareOk(name, *counts)
-        if passive and not nowait and self.session.broker.metadata_pending():
-            self._hold(reply)        # what it names must survive a crash before declare-ok
+        if passive:
+            self._reply_durable(reply, nowait)      # what it names must survive a crash first
         else:
             self._answer(reply, nowait)
 
