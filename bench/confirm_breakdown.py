@@ -135,6 +135,8 @@ async def run(messages: int, size: int, data_dir: Path) -> tuple[list, list]:
     port = free_port()
     node = Node(NodeConfig(name="breakdown", data_dir=data_dir, amqp_port=port))
     await node.start()
+    while not node.store.prepared:
+        await asyncio.sleep(0.05)
     client = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, str(port), str(messages), str(size),
                                                   stdout=subprocess.PIPE)
     out, _ = await client.communicate()

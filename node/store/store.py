@@ -4,7 +4,10 @@ Loop side of the store. Records are appended to an in-memory batch at
 offsets assigned here; one writer thread (see `writer.py`) writes and syncs
 a batch while the next one fills (group commit, CONF-6): a lone publisher
 waits for one sync and no timer, a busy node shares each sync among every
-record that arrived meanwhile. Waiters registered with `when_durable` run
+record that arrived meanwhile. A lone small batch (one waiter, a few
+records) finding the writer idle is written and synced on the loop itself,
+which then waits only for the disk; a slow sync turns this off for a while
+so a stalling disk never holds the loop twice in a row. Waiters registered with `when_durable` run
 on the loop once everything appended before them is on disk.
 
 The index maps each live message id to where its ENQUEUE record lies, so a
@@ -36,6 +39,11 @@ COMPACT_LIVE_FRACTION = 0.5
 COMPACT_INTERVAL = 5.0
 PROGRESS_EVERY = 256 << 20
 RETRY_INTERVAL = 1.0
+# a batch of at most this many records and bytes, with one waiter, may be synced on the loop
+INLINE_RECORDS = 4
+INLINE_BYTES = 64 << 10
+INLINE_SLOW = 0.02         # an inline sync slower than this (seconds) ...
+INLINE_PAUSE = 1.0         # ... sends every batch to the writer thread for this long
 # upper bounds (seconds) of the group-commit time histogram
 SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -96,7 +104,7 @@ class MessageStore:
         self.on_failure: Callable[[OSError | None], None] | None = None
         self.after_batch: Callable[[], None] | None = None   # the waiters of a batch have run
         self.stats = {"batches": 0, "fsyncs": 0, "records": 0, "bytes": 0, "sync_seconds": 0.0,
-                      "compacted": 0, "segments_removed": 0}
+                      "compacted": 0, "segments_removed": 0, "synced_on_loop": 0}
         # group commits by how long their write and fsync took (SYNC_BUCKETS, then longer): /metrics
         self.sync_histogram = [0] * (len(SYNC_BUCKETS) + 1)
         self._pending: list[list] = []          # [[segment, offset, [chunks], size]]
@@ -109,6 +117,7 @@ class MessageStore:
         self._written_waiters: list = []
         self._inflight_end = (1, 0)
         self._kick_handle = None
+        self._inline_after = 0.0                 # monotonic time before which nothing is synced inline
         self._read_fds: dict[int, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: SegmentWriter | None = None
@@ -217,6 +226,12 @@ class MessageStore:
             self._kick_handle = self._loop.call_soon(self._kick)
 
     @property
+    def prepared(self) -> bool:
+        """The writer has zeroed ahead (a new store spends about a second on it): syncs from
+        now on cost what this disk's sync costs."""
+        return self._writer is not None and self._writer.prepared
+
+    @property
     def meta_pending(self) -> bool:
         return self._pending_meta is not None
 
@@ -254,13 +269,28 @@ class MessageStore:
                       notify_written=bool(self._written_waiters))
         self._inflight_end = (self.segment, self.position)
         self._inflight = self._pending_waiters
+        inline = self._lone(meta, remove, retry)
         self._pending = []
         self._pending_waiters = []
         self._pending_meta = None
         self._pending_remove = []
-        self._writer.submit(batch)
+        if inline and self._writer.apply_here(batch):
+            self.stats["synced_on_loop"] += 1
+            if batch.seconds > INLINE_SLOW:
+                self._inline_after = time.monotonic() + INLINE_PAUSE
+            self._batch_done(batch, inline=True)
+        else:
+            self._writer.submit(batch)
 
-    def _batch_done(self, batch: Batch) -> None:
+    def _lone(self, meta, remove, retry) -> bool:
+        """Is the batch being made one lone publisher's write, worth syncing on the loop?"""
+        pending = self._pending
+        return (len(self._pending_waiters) == 1 and len(pending) == 1 and meta is None
+                and not remove and retry is None and len(pending[0][2]) <= INLINE_RECORDS
+                and pending[0][3] <= INLINE_BYTES
+                and (not self._inline_after or time.monotonic() >= self._inline_after))
+
+    def _batch_done(self, batch: Batch, inline: bool = False) -> None:
         waiters, self._inflight = self._inflight, None
         self.stats["batches"] += 1
         self.stats["fsyncs"] += batch.fsyncs
@@ -294,7 +324,10 @@ class MessageStore:
         self._remove_dead_segments()
         if ok and (self._pending or self._pending_meta is not None or self._pending_remove
                    or self._pending_waiters):
-            self._kick()
+            if not inline:
+                self._kick()
+            elif self._kick_handle is None:   # not from inside _kick: no recursion over a backlog
+                self._kick_handle = self._loop.call_soon(self._kick)
 
     @property
     def append_position(self) -> tuple[int, int]:

@@ -3,7 +3,11 @@
 The event loop hands it batches; it writes each batch (records at the
 offsets the loop assigned, an optional metadata snapshot, segments to
 remove), makes it durable with one fdatasync per touched segment, and
-reports back on the loop. New segment files are preallocated
+reports back on the loop. A lone small batch may instead be applied on
+the loop's own thread (`apply_here`) when the writer is idle: one
+publisher waiting for each confirm then pays for the disk only, not for
+two thread hand-offs. A lock keeps the two from writing at once (the idle
+writer zero-fills the segment in use). New segment files are preallocated
 (posix_fallocate) so that a sync after an append need not update the
 file's size, and their directory entry is synced once.
 """
@@ -49,6 +53,7 @@ class SegmentWriter:
         self._spare: tuple[int, int, int] | None = None   # (segment, fd, bytes zeroed so far)
         self._fill: list[int] | None = None   # [segment, offset]: zero the rest of the segment in use
         self._written_end: dict[int, int] = {}
+        self._lock = threading.Lock()    # held while a file is written, by this thread or the loop's
         self._thread = threading.Thread(target=self._run, name="haremq-store-writer", daemon=True)
 
     def start(self, segment: int = 1, position: int = 0) -> None:
@@ -56,6 +61,11 @@ class SegmentWriter:
         self._fill = [segment, position]
         self._newest = segment
         self._thread.start()
+
+    @property
+    def prepared(self) -> bool:
+        """The segment in use is zeroed to its end and the next one is ready."""
+        return self._fill is None and self._spare_done()
 
     def submit(self, batch: Batch) -> None:
         self._jobs.put(batch)
@@ -70,19 +80,16 @@ class SegmentWriter:
             try:
                 batch = self._jobs.get(timeout=None if self._spare_done() and self._fill is None else 0.001)
             except queue.Empty:
-                if self._fill is not None:
-                    self._fill_current()
-                else:
-                    self._prepare_spare()
+                with self._lock:
+                    if self._fill is not None:
+                        self._fill_current()
+                    else:
+                        self._prepare_spare()
                 continue
             if batch is None:
                 break
-            started = time.perf_counter()
-            try:
-                self._apply(batch)
-            except OSError as exc:
-                batch.error = exc
-            batch.seconds = time.perf_counter() - started
+            with self._lock:
+                self._apply_timed(batch, True)
             try:
                 self._loop.call_soon_threadsafe(self._done, batch)
             except RuntimeError:   # the loop is closed: the node is going away
@@ -98,7 +105,28 @@ class SegmentWriter:
                 pass
             self._spare = None
 
-    def _apply(self, batch: Batch) -> None:
+    def apply_here(self, batch: Batch) -> bool:
+        """Write and sync `batch` on the caller's thread, if the writer is not busy with a file.
+
+        Only for the store's loop, with no batch submitted and not yet done: then nothing
+        can be ordered before this one. False: the writer is busy, submit it instead."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._apply_timed(batch, False)
+        finally:
+            self._lock.release()
+        return True
+
+    def _apply_timed(self, batch: Batch, notify: bool) -> None:
+        started = time.perf_counter()
+        try:
+            self._apply(batch, notify)
+        except OSError as exc:
+            batch.error = exc
+        batch.seconds = time.perf_counter() - started
+
+    def _apply(self, batch: Batch, notify: bool) -> None:
         touched = []
         for segment, offset, data in batch.writes:
             self._written_end[segment] = max(self._written_end.get(segment, 0), offset + len(data))
@@ -110,7 +138,7 @@ class SegmentWriter:
                 offset += n
             if segment not in touched:
                 touched.append(segment)
-        if touched and batch.notify_written and self._written is not None:
+        if touched and notify and batch.notify_written and self._written is not None:
             # In the OS now: it survives a kill of this process even before the sync.
             self._loop.call_soon_threadsafe(self._written, batch.end)
         for segment in touched:
