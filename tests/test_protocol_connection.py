@@ -1,6 +1,9 @@
 """The connection state machine without sockets: bytes in, frames and state out (issue 17)."""
 from __future__ import annotations
 
+import random
+import struct
+
 from pamqp import commands as spec
 from pamqp import frame as pframe
 
@@ -43,6 +46,22 @@ def test_frame_reader_limit_is_on_the_payload():
     assert err is None and len(frames) == 1
     frames, err = reader.feed(b"\x03\x00\x01" + (4097).to_bytes(4, "big"))
     assert frames == [] and err.text.endswith("{frame_too_large,4097,4088}")
+
+
+def test_frame_reader_gives_the_same_frames_however_the_stream_is_split():
+    rng = random.Random(7)
+    frames = [(rng.choice((1, 2, 3, 8)), rng.randint(0, 5), rng.randbytes(rng.choice((0, 1, 7, 1000, 70000))))
+              for _ in range(300)]
+    stream = b"".join(struct.pack(">BHI", t, c, len(p)) + p + b"\xce" for t, c, p in frames)
+    for _trial in range(5):
+        reader, got, pos = FrameReader(131072), [], 0
+        while pos < len(stream):
+            n = rng.choice((1, 3, 7, 8, 100, 4096, 65536, 200000))
+            out, err = reader.feed(stream[pos:pos + n])
+            assert err is None
+            got.extend(out)
+            pos += n
+        assert got == frames
 
 
 def test_refused_login_waits_for_close_ok():

@@ -66,6 +66,8 @@ class ChannelState(enum.Enum):
     AWAIT_BODY = "await-body"
     CLOSING = "closing"             # we sent channel.close, waiting for close-ok
 
+    __hash__ = object.__hash__      # members are singletons: CHANNEL_FRAMES' keys hash in C
+
 
 # Handshake: state -> {method class: handler name}
 HANDSHAKE = {
@@ -168,11 +170,20 @@ class AMQPConnection:
         if self.state is State.CLOSED:
             return out
         frames, framing_error = self._reader.feed(data)
+        channels = self._channels
         for ftype, channel, payload in frames:
-            if self.state is State.CLOSED:
+            state = self.state
+            if state is State.CLOSED:
                 break
             try:
-                self._on_frame(ftype, channel, payload, out)
+                # the frames of an open channel (publishes, mostly) go straight to their handler;
+                # _on_frame does the same after checking for every other case
+                handler = CHANNEL_FRAMES.get((channels.get(channel), ftype)) \
+                    if state is State.OPEN and channel else None
+                if handler is not None:
+                    getattr(self, handler)(channel, payload, out)
+                else:
+                    self._on_frame(ftype, channel, payload, out)
             except UnknownMethod as exc:
                 self.close_reason = AMQPError(ReplyCode.COMMAND_INVALID, str(exc))
                 self.state = State.CLOSED      # as RabbitMQ: the connection is dropped, no close frame

@@ -57,9 +57,16 @@ class FrameReader:
         self.frame_max = frame_max
 
     def feed(self, data: bytes) -> tuple[list[tuple[int, int, bytes]], AMQPError | None]:
-        """Every complete frame in the buffer, and the framing error that stopped it, if any."""
-        buf = self._buf
-        buf += data
+        """Every complete frame in the buffer, and the framing error that stopped it, if any.
+
+        Frames are sliced from immutable bytes (one copy each); only a partial frame at the
+        end of a read is kept for the next."""
+        if self._buf:
+            self._buf += data
+            buf = bytes(self._buf)
+            self._buf.clear()
+        else:
+            buf = bytes(data)
         pos = 0
         end = len(buf)
         unpack = _HEAD.unpack_from
@@ -79,12 +86,10 @@ class FrameReader:
                                 f"{erlang_binary(buf[pos + 7:pos + 7 + size])}: "
                                 f"{{invalid_frame_end_marker,{buf[pos + total - 1]}}}")
                 break
-            frames.append((ftype, channel, bytes(buf[pos + 7:pos + 7 + size])))
+            frames.append((ftype, channel, buf[pos + 7:pos + 7 + size]))
             pos += total
-        if err is not None:
-            buf.clear()
-        elif pos:
-            del buf[:pos]
+        if err is None and pos < end:
+            self._buf += buf[pos:]
         return frames, err
 
 

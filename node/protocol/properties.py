@@ -27,6 +27,17 @@ _WANTED = {"delivery_mode", "priority", "expiration", "reply_to", "user_id", "he
 _U32 = struct.Struct(">I")
 
 
+def _plan(flags: int) -> tuple:
+    """The (name, kind) of each property a flag word says is present, in wire order."""
+    plan = tuple(entry for bit, entry in zip(range(15, 1, -1), _LAYOUT) if flags & (1 << bit))
+    if len(_PLANS) < 4096:     # a client sets few distinct combinations; never grow unbounded
+        _PLANS[flags] = plan
+    return plan
+
+
+_PLANS: dict[int, tuple] = {}
+
+
 class PropertyView:
     """The properties a broker needs, found in one pass over the raw bytes."""
 
@@ -46,11 +57,12 @@ class PropertyView:
         flags = (raw[0] << 8) | raw[1]
         if not flags:
             return
+        plan = _PLANS.get(flags)
+        if plan is None:
+            plan = _plan(flags)
         pos = 2
         try:
-            for bit, (name, kind) in zip(range(15, 1, -1), _LAYOUT):
-                if not flags & (1 << bit):
-                    continue
+            for name, kind in plan:
                 if kind == _SHORTSTR:
                     n = raw[pos]
                     if name in _WANTED:
