@@ -242,7 +242,7 @@ class Queue:
         elif self.store is None:
             replica.when_replicated(replica.seq, True, fn, args)
         else:
-            self.store.when_durable(replica.when_replicated_after, replica.seq, fn, args)
+            self.store.when_durable_meanwhile(replica.when_replicated_after, replica.seq, fn, args)
 
     def attach_replica(self, replica) -> None:
         """Become a mirrored queue's master: every later change goes to `replica` too. The queue

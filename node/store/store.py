@@ -118,6 +118,7 @@ class MessageStore:
         self._inflight_end = (1, 0)
         self._kick_handle = None
         self._inline_after = 0.0                 # monotonic time before which nothing is synced inline
+        self._pending_overlaps = False           # a waiter of the pending batch waits on more than it
         self._read_fds: dict[int, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: SegmentWriter | None = None
@@ -235,6 +236,14 @@ class MessageStore:
     def meta_pending(self) -> bool:
         return self._pending_meta is not None
 
+    def when_durable_meanwhile(self, fn: Callable, *args) -> None:
+        """As when_durable, for a caller that also waits on something slower (a mirrored
+        publish waits for its mirrors): the sync must not hold the loop, which has the
+        mirrors' copies to send, so this batch goes to the writer thread."""
+        if self._pending or self._pending_meta is not None:
+            self._pending_overlaps = True
+        self.when_durable(fn, *args)
+
     def when_durable(self, fn: Callable, *args) -> None:
         """Call fn(ok, *args) once everything appended so far is on disk (ok=False if it failed)."""
         if self._pending or self._pending_meta is not None:
@@ -270,6 +279,7 @@ class MessageStore:
         self._inflight_end = (self.segment, self.position)
         self._inflight = self._pending_waiters
         inline = self._lone(meta, remove, retry)
+        self._pending_overlaps = False
         self._pending = []
         self._pending_waiters = []
         self._pending_meta = None
@@ -285,8 +295,8 @@ class MessageStore:
     def _lone(self, meta, remove, retry) -> bool:
         """Is the batch being made one lone publisher's write, worth syncing on the loop?"""
         pending = self._pending
-        return (len(self._pending_waiters) == 1 and len(pending) == 1 and meta is None
-                and not remove and retry is None and len(pending[0][2]) <= INLINE_RECORDS
+        return (len(self._pending_waiters) == 1 and not self._pending_overlaps and len(pending) == 1
+                and meta is None and not remove and retry is None and len(pending[0][2]) <= INLINE_RECORDS
                 and pending[0][3] <= INLINE_BYTES
                 and (not self._inline_after or time.monotonic() >= self._inline_after))
 
