@@ -64,6 +64,53 @@ def test_frame_reader_gives_the_same_frames_however_the_stream_is_split():
         assert got == frames
 
 
+def _raw_frame(ftype: int, channel: int, payload: bytes) -> bytes:
+    return struct.pack(">BHI", ftype, channel, len(payload)) + payload + b"\xce"
+
+
+def _publish_frames(channel: int, body: bytes, size: int | None = None, body_frames: int = 1,
+                    header_channel: int | None = None) -> list[bytes]:
+    size = len(body) if size is None else size
+    out = [pframe.marshal(spec.Basic.Publish(exchange="x", routing_key="k"), channel),
+           _raw_frame(2, channel if header_channel is None else header_channel,
+                      struct.pack(">HHQ", 60, 0, size) + b"\x10\x00\x02")]
+    step = max(1, -(-len(body) // body_frames))
+    out += [_raw_frame(3, channel, body[i:i + step]) for i in range(0, len(body), step)]
+    return out
+
+
+def _events_and_output(chunks: list[bytes]) -> list:
+    conn = opened()
+    for channel in (1, 2):
+        conn.receive_data(pframe.marshal(spec.Channel.Open(), channel))
+    conn.data_to_send()
+    seen = []
+    for chunk in chunks:
+        for event in conn.receive_data(chunk):
+            seen.append((type(event).__name__, getattr(event, "channel", None),
+                         getattr(getattr(event, "publish", None), "routing_key", None),
+                         getattr(event, "props_raw", None), getattr(event, "body", None)))
+    sent = [(type(f).__name__, sorted(vars(f).items())) for f in frames_of(conn.data_to_send())]
+    return seen + [sent, conn.state]
+
+
+def test_a_publish_read_whole_is_the_same_as_frame_by_frame():
+    # a publish whose frames come in one read is one event at once; every odd case (a header on
+    # another channel, a body in several frames or of the wrong size, an empty body frame, a bad
+    # method) must end as it does when the frames arrive one read each
+    cases = [
+        _publish_frames(1, b"hello") + _publish_frames(2, b"") + _publish_frames(1, b"x" * 300, body_frames=3),
+        _publish_frames(1, b"abc", size=5) + _publish_frames(1, b"de"),
+        _publish_frames(1, b"abc", size=2),
+        _publish_frames(1, b"", size=0) + [_raw_frame(3, 1, b"")],
+        _publish_frames(1, b"abc", header_channel=2),
+        [_raw_frame(1, 1, b"\x00\x3c\x00\x28\x00\x00\xff")] + _publish_frames(1, b"abc")[1:]
+        + _publish_frames(2, b"after"),
+    ]
+    for frames in cases:
+        assert _events_and_output([b"".join(frames)]) == _events_and_output(frames), frames
+
+
 def test_refused_login_waits_for_close_ok():
     conn = connection(password="wrong")
     close = frames_of(conn.data_to_send())[-1]

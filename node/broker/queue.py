@@ -220,7 +220,18 @@ class Queue:
                 self._fresh = None
             self.drop_expired()            # ttl 0: what no consumer took at once is gone
         elif self.consumers:
-            self.dispatch()
+            consumers = self.consumers
+            if len(consumers) == 1 and len(self.ready) == 1 and not self.tail and not self._dispatching \
+                    and not self.single_active and self._groups is None:
+                # dispatch() for its commonest case: the one message ready, one consumer
+                consumer = consumers[0]
+                if consumer.can_take():
+                    entry = self.ready.pop()
+                    self.ready_bytes -= len(message.body)
+                    self._delivered(entry, consumer.no_ack)
+                    consumer.channel.deliver(consumer, entry)
+            else:
+                self.dispatch()
         return outcome
 
     def publish_from(self, channel, message: Message, seq: int) -> None:

@@ -22,8 +22,9 @@ from pamqp import decode as pdecode
 
 from . import events as ev
 from .frames import (FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, HEARTBEAT_FRAME,
-                     PROTOCOL_HEADER, PROTOCOL_HEADERS, PUBLISH, FrameReader, UnknownMethod,
-                     decode_content_header, decode_method, encode_method, erlang_binary)
+                     PROTOCOL_HEADER, PROTOCOL_HEADERS, PUBLISH, PUBLISH_INDEX, CONTENT_HEAD, FrameReader,
+                     UnknownMethod, decode_content_header, decode_method, decode_publish, encode_method,
+                     erlang_binary)
 from .replies import AMQPError, ReplyCode
 
 C = commands.Connection
@@ -171,15 +172,22 @@ class AMQPConnection:
             return out
         frames, framing_error = self._reader.feed(data)
         channels = self._channels
-        for ftype, channel, payload in frames:
+        i, count = 0, len(frames)
+        while i < count:
+            ftype, channel, payload = frames[i]
+            i += 1
             state = self.state
             if state is State.CLOSED:
                 break
             try:
                 # the frames of an open channel (publishes, mostly) go straight to their handler;
                 # _on_frame does the same after checking for every other case
-                handler = CHANNEL_FRAMES.get((channels.get(channel), ftype)) \
-                    if state is State.OPEN and channel else None
+                channel_state = channels.get(channel) if state is State.OPEN and channel else None
+                if channel_state is ChannelState.OPEN and ftype == FRAME_METHOD \
+                        and payload[:4] == PUBLISH_INDEX and i + 1 < count:
+                    i += self._whole_publish(channel, payload, frames[i], frames[i + 1], out)
+                    continue
+                handler = CHANNEL_FRAMES.get((channel_state, ftype))
                 if handler is not None:
                     getattr(self, handler)(channel, payload, out)
                 else:
@@ -328,6 +336,23 @@ class AMQPConnection:
         out.append(ev.ConnectionOpened(self.user, vhost, self.client_properties))
 
     # ---- channels -----------------------------------------------------------
+    def _whole_publish(self, channel: int, payload: bytes, header, body, out: list) -> int:
+        """A publish whose header and single body frame arrived with it, as one event: what
+        the three handlers would do frame by frame. Returns how many frames after the method
+        it used (0: not that case; the method frame is handled as usual)."""
+        htype, hchannel, hpayload = header
+        btype, bchannel, bpayload = body
+        if htype != FRAME_HEADER or btype != FRAME_BODY or hchannel != channel or bchannel != channel \
+                or len(hpayload) < 14:
+            self._on_channel_method(channel, payload, out)
+            return 0
+        class_id, _weight, body_size = CONTENT_HEAD.unpack_from(hpayload, 0)
+        if class_id != 60 or not body_size or body_size != len(bpayload) or body_size > MAX_MESSAGE_SIZE:
+            self._on_channel_method(channel, payload, out)
+            return 0
+        out.append(ev.MessageReceived(channel, decode_publish(payload), hpayload[12:], bpayload))
+        return 2
+
     def _on_unopened_channel(self, channel: int, ftype: int, payload: bytes, out: list) -> None:
         # channel_max is a count of open channels, not the highest id: as in RabbitMQ, any id up
         # to 65535 may be opened (aiormq picks 65535 first) while fewer than channel_max are open

@@ -27,6 +27,7 @@ HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 FRAME_OVERHEAD = 8
 
 PUBLISH = (60 << 16) | 40
+PUBLISH_INDEX = PUBLISH.to_bytes(4, "big")     # how a basic.publish method frame's payload starts
 ACK = (60 << 16) | 80
 DELIVER = (60 << 16) | 60
 
@@ -34,7 +35,7 @@ _HEAD = struct.Struct(">BHI")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _ACK = struct.Struct(">QB")
-_CONTENT_HEAD = struct.Struct(">HHQ")
+CONTENT_HEAD = struct.Struct(">HHQ")
 _DELIVER_PREFIX = struct.Struct(">BHII")
 _DELIVER_TAIL = struct.Struct(">QB")
 _HEADER_FRAME_PREFIX = struct.Struct(">BHIHHQ")
@@ -111,7 +112,7 @@ def decode_method(payload: bytes):
         raise AMQPError(ReplyCode.FRAME_ERROR, "method frame too short")
     index = _U32.unpack_from(payload, 0)[0]
     if index == PUBLISH:
-        return _decode_publish(payload)
+        return decode_publish(payload)
     if index == ACK:
         tag, bits = _ACK.unpack_from(payload, 4)
         return commands.Basic.Ack(tag, bool(bits & 1))
@@ -144,7 +145,7 @@ class Publish:
         self.routing_key_raw = routing_key_raw
 
 
-def _decode_publish(payload: bytes) -> Publish:
+def decode_publish(payload: bytes) -> Publish:
     try:
         pos = 6  # index(4) + reserved short(2)
         n = payload[pos]
@@ -165,7 +166,7 @@ def decode_content_header(payload: bytes) -> tuple[int, int, bytes]:
     """Return (class_id, body_size, raw property bytes)."""
     if len(payload) < 14:
         raise AMQPError(ReplyCode.FRAME_ERROR, "content header frame too short")
-    class_id, _weight, body_size = _CONTENT_HEAD.unpack_from(payload, 0)
+    class_id, _weight, body_size = CONTENT_HEAD.unpack_from(payload, 0)
     return class_id, body_size, payload[12:]
 
 
