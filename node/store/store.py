@@ -5,10 +5,12 @@ offsets assigned here; one writer thread (see `writer.py`) writes and syncs
 a batch while the next one fills (group commit, CONF-6): a lone publisher
 waits for one sync and no timer, a busy node shares each sync among every
 record that arrived meanwhile. A lone small batch (one waiter, a few
-records) finding the writer idle is written and synced on the loop itself,
-which then waits only for the disk; a slow sync turns this off for a while
-so a stalling disk never holds the loop twice in a row. Waiters registered with `when_durable` run
-on the loop once everything appended before them is on disk.
+records) that finds the writer idle is written and synced on the loop
+itself, which then waits for the disk only, not for a thread hand-off each
+way; an inline sync slower than INLINE_SLOW sends every batch to the
+writer thread for INLINE_PAUSE, so a stalling disk cannot hold the loop
+again and again. Waiters registered with `when_durable` run on the loop
+once everything appended before them is on disk.
 
 The index maps each live message id to where its ENQUEUE record lies, so a
 queue can keep only ids for messages it has paged out and read them back
