@@ -14,7 +14,7 @@ from collections import defaultdict
 from pamqp import commands as cmd
 
 from ..protocol.frames import encode_content, encode_deliver, shortstr
-from ..protocol.properties import PropertyView, with_reply_to
+from ..protocol.properties import PropertyView, property_view, with_reply_to
 from ..protocol.replies import AMQPError, ReplyCode, error
 from .channel_confirm_tx import Mode
 from .expiry import parse_expiration
@@ -225,7 +225,7 @@ class BasicMethods:
         access = self.session.access
         if not access.unrestricted:
             access.check(WRITE, "exchange", publish.exchange, publish)
-        props = PropertyView(props_raw)
+        props = property_view(props_raw)
         if props.user_id is not None and props.user_id != self.session.user:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED,
                             f"user_id property set to '{props.user_id}' but authenticated user was "

@@ -35,6 +35,7 @@ SERVER_CHANNEL_MAX = 2047
 SERVER_HEARTBEAT = 60
 FRAME_MIN_SIZE = 4096
 MAX_MESSAGE_SIZE = 128 * 1024 * 1024
+PUBLISH_CACHE = 64      # decoded basic.publish methods a connection keeps for reuse
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -133,6 +134,7 @@ class AMQPConnection:
         self._reader = FrameReader(frame_max)
         self._channels: dict[int, ChannelState] = {}
         self._assembly: dict[int, _Assembly] = {}
+        self._publishes: dict[bytes, object] = {}   # method payload -> its decoded basic.publish (read only)
         self._out: list[bytes] = []
 
     # ---- output -------------------------------------------------------------
@@ -350,7 +352,12 @@ class AMQPConnection:
         if class_id != 60 or not body_size or body_size != len(bpayload) or body_size > MAX_MESSAGE_SIZE:
             self._on_channel_method(channel, payload, out)
             return 0
-        out.append(ev.MessageReceived(channel, decode_publish(payload), hpayload[12:], bpayload))
+        publish = self._publishes.get(payload)
+        if publish is None:       # a publisher mostly repeats one exchange and routing key
+            if len(self._publishes) >= PUBLISH_CACHE:
+                self._publishes.clear()
+            publish = self._publishes[payload] = decode_publish(payload)
+        out.append(ev.MessageReceived(channel, publish, hpayload[12:], bpayload))
         return 2
 
     def _on_unopened_channel(self, channel: int, ftype: int, payload: bytes, out: list) -> None:

@@ -39,6 +39,8 @@ CONTENT_HEAD = struct.Struct(">HHQ")
 _DELIVER_PREFIX = struct.Struct(">BHII")
 _DELIVER_TAIL = struct.Struct(">QB")
 _HEADER_FRAME_PREFIX = struct.Struct(">BHIHHQ")
+_END_HEADER_PREFIX = struct.Struct(">BBHIHHQ")    # a frame's end byte, then a content header's head
+_END_BODY_PREFIX = struct.Struct(">BBHI")         # a frame's end byte, then a body frame's head
 
 
 class FrameReader:
@@ -197,20 +199,20 @@ def _shortstr(value: str) -> bytes:
 def encode_deliver(channel: int, consumer_tag_raw: bytes, delivery_tag: int, redelivered: bool,
                    exchange_raw: bytes, routing_key_raw: bytes, props_raw: bytes, body: bytes,
                    frame_max: int) -> bytes:
-    """basic.deliver + content, with the string fields pre-encoded as shortstrs."""
-    args = (consumer_tag_raw + _DELIVER_TAIL.pack(delivery_tag, 1 if redelivered else 0)
-            + exchange_raw + routing_key_raw)
-    head = _DELIVER_PREFIX.pack(FRAME_METHOD, channel, 4 + len(args), DELIVER)
-    if len(body) <= frame_max - FRAME_OVERHEAD:
-        return b"".join((head, args, FRAME_END_BYTE,
-                         _HEADER_FRAME_PREFIX.pack(FRAME_HEADER, channel, 12 + len(props_raw), 60, 0,
-                                                   len(body)),
-                         props_raw, FRAME_END_BYTE,
-                         _HEAD.pack(FRAME_BODY, channel, len(body)), body, FRAME_END_BYTE)
-                        if body else
-                        (head, args, FRAME_END_BYTE,
-                         _HEADER_FRAME_PREFIX.pack(FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, 0),
-                         props_raw, FRAME_END_BYTE))
+    """basic.deliver + content, with the string fields pre-encoded as shortstrs: one join of
+    the pieces (each frame's end byte packed with the next frame's head)."""
+    size = len(body)
+    head = _DELIVER_PREFIX.pack(FRAME_METHOD, channel,
+                                13 + len(consumer_tag_raw) + len(exchange_raw) + len(routing_key_raw), DELIVER)
+    tail = _DELIVER_TAIL.pack(delivery_tag, 1 if redelivered else 0)
+    if size <= frame_max - FRAME_OVERHEAD:
+        content = _END_HEADER_PREFIX.pack(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, size)
+        if size:
+            return b"".join((head, consumer_tag_raw, tail, exchange_raw, routing_key_raw, content, props_raw,
+                             _END_BODY_PREFIX.pack(FRAME_END, FRAME_BODY, channel, size), body, FRAME_END_BYTE))
+        return b"".join((head, consumer_tag_raw, tail, exchange_raw, routing_key_raw, content, props_raw,
+                         FRAME_END_BYTE))
+    args = consumer_tag_raw + tail + exchange_raw + routing_key_raw
     return head + args + FRAME_END_BYTE + encode_content(channel, props_raw, body, frame_max)
 
 

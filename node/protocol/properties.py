@@ -96,6 +96,22 @@ class PropertyView:
             raise AMQPError(ReplyCode.SYNTAX_ERROR, "malformed headers table") from None
 
 
+_VIEWS: dict[bytes, PropertyView] = {}
+VIEW_CACHE = 256
+
+
+def property_view(raw: bytes) -> PropertyView:
+    """PropertyView(raw), shared by messages whose property bytes are the same (a publisher
+    mostly repeats them): a view is never changed once made."""
+    view = _VIEWS.get(raw)
+    if view is None:
+        view = PropertyView(raw)
+        if len(_VIEWS) >= VIEW_CACHE:
+            _VIEWS.clear()
+        _VIEWS[raw] = view
+    return view
+
+
 def decode_properties(raw: bytes) -> commands.Basic.Properties:
     props = commands.Basic.Properties()
     flags = (raw[0] << 8) | raw[1]
