@@ -175,8 +175,9 @@ class Queue:
     # ---- messages in ----------------------------------------------------------
     def publish(self, message: Message) -> int:
         """Enqueue: SAFE, LOGGED (safe once the store syncs) or REFUSED (reject-publish)."""
-        if self._would_overflow(message) and self.overflow in (OVERFLOW_REJECT_PUBLISH,
-                                                               OVERFLOW_REJECT_PUBLISH_DLX):
+        if (self.max_length is not None or self.max_length_bytes is not None) \
+                and self._would_overflow(message) and self.overflow in (OVERFLOW_REJECT_PUBLISH,
+                                                                        OVERFLOW_REJECT_PUBLISH_DLX):
             return REFUSED
         self.published_total += 1
         store = self.store
