@@ -126,7 +126,7 @@ def instrument(marks: Marks) -> None:
     wrap(SegmentWriter, "_apply", before=lambda: marks.mark("writer"), after=lambda: marks.mark("synced"))
     wrap(MessageStore, "_batch_done", before=lambda: marks.mark("loop"))
     wrap(Session, "take_output", after=lambda: marks.mark("confirm out", after="loop"))
-    wrap(Broker, "_send_confirms", after=marks.finish)
+    wrap(Broker, "send_confirms", after=marks.finish)
 
 
 async def run(messages: int, size: int, data_dir: Path) -> tuple[list, list]:

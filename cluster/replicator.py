@@ -393,6 +393,7 @@ class MirrorLink:
             if self.phase == "catching" and self.acked >= self.join_seq:
                 self.propose_synced()
             rep.release()
+            rep.mirroring.broker.send_confirms()
 
     async def _filled(self, keys: list[int]) -> list:
         """ENQUEUE ops for the keys a reconciled mirror lacks, as the queue holds them now (those

@@ -48,7 +48,7 @@ class Broker(Persistence):
         self.retired_totals = [0, 0, 0, 0]
         if store is not None:
             store.on_failure = self._store_failure
-            store.after_batch = self._send_confirms
+            store.after_batch = self.send_confirms
 
     def server_properties(self) -> dict:
         return {
@@ -279,8 +279,9 @@ class Broker(Persistence):
         if channel.confirms is not None:
             totals[3] += channel.confirms.confirmed
 
-    def _send_confirms(self) -> None:
-        """A write is durable: send the confirms it released now, not on the next loop pass."""
+    def send_confirms(self) -> None:
+        """A write is durable, or a mirror has acked: send the confirms it released now, not on
+        the next loop pass."""
         sessions, self.confirming = self.confirming, set()
         for session in sessions:
             if not session.closed:
