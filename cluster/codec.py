@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from haremq.node.broker.expiry import expiration_ms
 from haremq.node.broker.message import Message
-from haremq.node.protocol.properties import PropertyView
+from haremq.node.protocol.properties import property_view
 
 from .rpc import cluster_pb2 as pb
 
 
 def message_from_pb(m) -> Message:
-    props = PropertyView(m.properties)
-    message = Message(m.exchange, m.routing_key, bytes(m.properties), bytes(m.body), props.delivery_mode == 2,
+    properties = m.properties
+    props = property_view(properties)
+    message = Message(m.exchange, m.routing_key, properties, m.body, props.delivery_mode == 2,
                       props.priority, expiration_ms(props.expiration))
     message.publish_id = m.publish_id
     return message
