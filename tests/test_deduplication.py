@@ -1,0 +1,148 @@
+"""Queue-level message deduplication (x-message-deduplication, x-cache-size, x-cache-ttl): a
+message whose id was seen within the cache is confirmed and not enqueued again, on one node,
+after a kill -9 and restart, and after a failover of a mirrored queue."""
+from __future__ import annotations
+
+import json
+import time
+
+import pika
+import pytest
+
+from tests.conftest import IS_REF, pika_conn, unique_name, wait_until
+from tests.management import ManagedNode, q as quoted
+
+pytestmark = pytest.mark.skipif(IS_REF, reason="deduplication is a plugin on RabbitMQ")
+
+PERSISTENT = 2
+
+
+def _declare(ch, name, size=100, ttl=None, durable=False, **extra):
+    args = {"x-message-deduplication": True, "x-cache-size": size, **extra}
+    if ttl is not None:
+        args["x-cache-ttl"] = ttl
+    ch.queue_declare(name, durable=durable, arguments=args)
+
+
+def _publish(ch, queue, body, message_id=None, header=None, persistent=False):
+    headers = {"x-deduplication-header": header} if header is not None else None
+    ch.basic_publish("", queue, body, pika.BasicProperties(message_id=message_id, headers=headers,
+                                                           delivery_mode=PERSISTENT if persistent else None))
+
+
+def _bodies(ch, queue):
+    got = []
+    while True:
+        method, _props, body = ch.basic_get(queue, auto_ack=True)
+        if method is None:
+            return got
+        got.append(body)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    """This module's node, with the management API (policies, queue objects)."""
+    n = ManagedNode("hare-dedup", tmp_path_factory.mktemp("dedup")).start()
+    yield n
+    n.stop()
+
+
+@pytest.fixture
+def cch(node):
+    conn = pika_conn(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    yield ch
+    if conn.is_open:
+        conn.close()
+
+
+def test_duplicates_by_message_id_are_confirmed_and_dropped(cch):
+    q = unique_name("dd")
+    _declare(cch, q)
+    for i in range(3):
+        for _ in range(3):   # every publish is confirmed (confirm_delivery raises on a nack)
+            _publish(cch, q, f"m{i}".encode(), message_id=f"id{i}")
+    _publish(cch, q, b"no-id")
+    _publish(cch, q, b"no-id")     # neither header nor message_id: enqueued normally
+    assert _bodies(cch, q) == [b"m0", b"m1", b"m2", b"no-id", b"no-id"]
+
+
+def test_the_header_wins_over_message_id(cch):
+    q = unique_name("dd")
+    _declare(cch, q)
+    _publish(cch, q, b"a", message_id="same", header="h1")
+    _publish(cch, q, b"b", message_id="same", header="h2")     # another header: not a duplicate
+    _publish(cch, q, b"c", message_id="other", header="h1")    # the header was seen: a duplicate
+    _publish(cch, q, b"d", message_id="h2")                    # ids share one space
+    assert _bodies(cch, q) == [b"a", b"b"]
+
+
+def test_an_id_outlives_its_message(cch):
+    q = unique_name("dd")
+    _declare(cch, q)
+    _publish(cch, q, b"first", header="k")
+    assert _bodies(cch, q) == [b"first"]      # consumed and acked
+    _publish(cch, q, b"again", header="k")
+    assert _bodies(cch, q) == []
+
+
+def test_cache_ttl(cch):
+    q = unique_name("dd")
+    _declare(cch, q, ttl=600)
+    _publish(cch, q, b"1", message_id="x")
+    _publish(cch, q, b"2", message_id="x")      # within the TTL: dropped
+    time.sleep(0.8)
+    _publish(cch, q, b"3", message_id="x")      # beyond it: a new message
+    _publish(cch, q, b"4", message_id="x")
+    assert _bodies(cch, q) == [b"1", b"3"]
+
+
+def test_cache_size_evicts_the_oldest_id(cch):
+    q = unique_name("dd")
+    _declare(cch, q, size=3)
+    for i in range(4):
+        _publish(cch, q, f"{i}".encode(), message_id=f"id{i}")     # id0 is evicted by id3
+    _publish(cch, q, b"0-again", message_id="id0")
+    _publish(cch, q, b"3-again", message_id="id3")
+    assert _bodies(cch, q) == [b"0", b"1", b"2", b"3", b"0-again"]
+
+
+@pytest.mark.parametrize("args, text", [
+    ({"x-message-deduplication": True}, "x-cache-size"),
+    ({"x-message-deduplication": True, "x-cache-size": 0}, "x-cache-size"),
+    ({"x-message-deduplication": True, "x-cache-size": -5}, "x-cache-size"),
+    ({"x-message-deduplication": True, "x-cache-size": "10"}, "x-cache-size"),
+    ({"x-message-deduplication": True, "x-cache-size": 10, "x-cache-ttl": 0}, "x-cache-ttl"),
+    ({"x-message-deduplication": True, "x-cache-size": 10, "x-cache-ttl": "1s"}, "x-cache-ttl"),
+    ({"x-message-deduplication": "yes", "x-cache-size": 10}, "x-message-deduplication"),
+])
+def test_bad_arguments_are_refused_with_406(node, args, text):
+    conn = pika_conn(node)
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(unique_name("bad"), arguments=args)
+    assert err.value.reply_code == 406
+    assert text in err.value.reply_text and "PRECONDITION_FAILED" in err.value.reply_text
+    assert ch.is_closed and conn.is_open
+    conn.close()
+
+
+def test_deduplication_by_policy(node, cch):
+    q = unique_name("ddpol")
+    policy = f"/api/policies/%2F/{quoted('dd-' + q)}"
+    status, body, _ = node.api("PUT", policy, {"pattern": f"^{q}$", "apply-to": "queues",
+                                               "definition": {"message-deduplication": True, "cache-size": 10}})
+    assert status in (201, 204), body
+    cch.queue_declare(q)
+    _publish(cch, q, b"a", message_id="p")
+    _publish(cch, q, b"b", message_id="p")
+    assert _bodies(cch, q) == [b"a"]
+    status, body, _ = node.api("GET", f"/api/queues/%2F/{quoted(q)}")
+    assert status == 200 and body["dedup_cache_size"] == 1 and body["dedup_dropped"] == 1, body
+    status, body, _ = node.api("PUT", policy, {"pattern": f"^{q}$", "apply-to": "queues",
+                                               "definition": {"message-deduplication": True, "cache-size": 0}})
+    assert status == 400, body           # RabbitMQ's validation: a positive integer
+    assert node.api("DELETE", policy)[0] == 204
+    _publish(cch, q, b"c", message_id="p")     # no policy: no deduplication
+    assert _bodies(cch, q) == [b"c"]
