@@ -146,3 +146,87 @@ def test_deduplication_by_policy(node, cch):
     assert node.api("DELETE", policy)[0] == 204
     _publish(cch, q, b"c", message_id="p")     # no policy: no deduplication
     assert _bodies(cch, q) == [b"c"]
+
+
+# ---- durability: kill -9 and restart ---------------------------------------------------------------
+@pytest.fixture
+def own(tmp_path):
+    nodes = []
+
+    def make(*extra):
+        n = ManagedNode("hare-dd-own", tmp_path, list(extra))
+        nodes.append(n)
+        return n.start()
+    yield make
+    for n in nodes:
+        n.kill9()
+
+
+def _restarted(n):
+    n.kill9()
+    n.start(timeout=60)
+    conn = pika_conn(n)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    return ch
+
+
+def test_ids_survive_kill9_also_of_consumed_and_acked_messages(own):
+    n = own()
+    ch = pika_conn(n).channel()
+    ch.confirm_delivery()
+    _declare(ch, "dd.durable", size=1000, durable=True)
+    for i in range(20):
+        _publish(ch, "dd.durable", f"m{i}".encode(), message_id=f"id{i}", persistent=True)
+    for _ in range(10):     # the first ten are consumed and acked before the kill
+        method, _p, _b = ch.basic_get("dd.durable")
+        ch.basic_ack(method.delivery_tag)
+    ch = _restarted(n)
+    for i in range(25):     # all twenty again, and five new ones
+        _publish(ch, "dd.durable", f"again{i}".encode(), message_id=f"id{i}", persistent=True)
+    assert _bodies(ch, "dd.durable") == [f"m{i}".encode() for i in range(10, 20)] + \
+        [f"again{i}".encode() for i in range(20, 25)]
+    status, body, _ = n.api("GET", "/api/queues/%2F/dd.durable")
+    assert body["dedup_cache_size"] == 25 and body["dedup_dropped"] == 20, body
+
+
+def test_ids_outlive_the_segments_of_their_messages_and_compaction(own):
+    # small segments: those of consumed messages are removed and a pinned one is compacted;
+    # the ids are written again before each goes, so a restart still knows every one
+    n = own("--segment-size", str(256 * 1024))
+    conn = pika_conn(n)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    _declare(ch, "dd.compact", size=10_000, durable=True)
+    _publish(ch, "dd.compact", b"pinned", message_id="pinned", persistent=True)
+    pinned, _, _ = ch.basic_get("dd.compact")                       # held unacked throughout
+    acker = conn.channel()
+    acker.tx_select()
+    body = b"z" * 1000
+    for r in range(8):
+        for i in range(600):
+            _publish(ch, "dd.compact", body, message_id=f"{r}.{i}", persistent=True)
+        for _ in range(600):
+            m, _, _ = acker.basic_get("dd.compact")
+            acker.basic_ack(m.delivery_tag)
+        acker.tx_commit()
+
+    def files():
+        return [p for p in (n.data_dir / "msgs").glob("*.seg") if _has_records(p)]
+    wait_until(lambda: len(files()) <= 4, timeout=30, message="segments were never removed")
+    ch.basic_nack(pinned.delivery_tag, requeue=True)
+    ch = _restarted(n)
+    _publish(ch, "dd.compact", b"pinned-again", message_id="pinned", persistent=True)
+    for r in range(8):
+        for i in range(600):
+            _publish(ch, "dd.compact", b"again", message_id=f"{r}.{i}", persistent=True)
+    _publish(ch, "dd.compact", b"new", message_id="new", persistent=True)
+    assert _bodies(ch, "dd.compact") == [b"pinned", b"new"]
+
+
+def _has_records(path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return any(f.read(9))
+    except FileNotFoundError:
+        return False

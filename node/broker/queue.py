@@ -813,6 +813,13 @@ class Queue:
         """queue.purge for a channel: answer(count, error), here at once."""
         answer(self.purge(), None)
 
+    @property
+    def dedup_stats(self) -> dict:
+        """What list-queues and the management API show of deduplication (None when off)."""
+        cache = self.dedup
+        return {"dedup_cache_size": len(cache) if cache is not None else None,
+                "dedup_dropped": cache.dropped if cache is not None else None}
+
     def stats_from(self, answer: Callable) -> None:
         """answer((messages, consumers), error), here at once."""
         answer((self.message_count, self.consumer_count), None)
