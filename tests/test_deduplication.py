@@ -230,3 +230,89 @@ def _has_records(path) -> bool:
             return any(f.read(9))
     except FileNotFoundError:
         return False
+
+
+# ---- replicated: a mirrored queue's ids on the promoted mirror ---------------------------------------
+@pytest.fixture
+def cluster(tmp_path):
+    from tests.clusters import proxied_cluster, stop_cluster
+    members, partition = proxied_cluster(tmp_path, failure_timeout=3.0)
+    yield members
+    stop_cluster(list(members), partition)
+
+
+def _master(member, name, not_on=()):
+    from tests.clusters import queue_row
+    return wait_until(lambda: (lambda r: r if r and r["master"] not in not_on and r.get("state") != "down"
+                               else None)(queue_row(member, name)), timeout=30)
+
+
+def _publish_until_confirmed(ch, queue, body, message_id):
+    """A publish after a failover: nacked while the queue has no master yet, then confirmed."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return _publish(ch, queue, body, message_id=message_id, persistent=True)
+        except pika.exceptions.NackError:
+            assert time.monotonic() < deadline, "still nacked 20 s after the kill"
+            time.sleep(0.1)
+
+
+def test_ids_survive_master_failovers_of_a_mirrored_queue(cluster):
+    # the ids come before the mirrors: these learn them from the sync, not from the live stream
+    from tests.clusters import ctl, ctl_json, queue_row
+    hare1, hare2, hare3 = cluster
+    conn = pika.BlockingConnection(pika.URLParameters(hare2.url))
+    ch = conn.channel()
+    _declare(ch, "dd.ha", size=1000, durable=True)
+    conn.close()
+    conn = pika.BlockingConnection(pika.URLParameters(hare1.url))    # maybe through another node
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(100):
+        _publish(ch, "dd.ha", f"m{i}".encode(), message_id=f"id{i}", persistent=True)
+    for _ in range(50):          # half of them consumed and acked before the master dies
+        method, _p, _b = ch.basic_get("dd.ha")
+        ch.basic_ack(method.delivery_tag)
+    conn.close()
+    master = queue_row(hare1, "dd.ha")["node"]
+    r = ctl(hare1, "set-policy", "ha", r"^dd\.", json.dumps({"ha-mode": "all", "ha-sync-mode": "automatic"}),
+            "--apply-to", "queues")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: len((queue_row(hare1, "dd.ha") or {}).get("synchronised_mirrors") or []) == 2, timeout=30)
+    old = {"hare1": hare1, "hare2": hare2, "hare3": hare3}[master]
+    others = [m for m in cluster if m is not old]
+
+    old.kill9()
+    row = _master(others[0], "dd.ha", not_on=(old.name,))
+    first = {"hare1": hare1, "hare2": hare2, "hare3": hare3}[row["master"]]
+    conn = pika.BlockingConnection(pika.URLParameters(first.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(100):
+        _publish_until_confirmed(ch, "dd.ha", b"again", f"id{i}")
+    _publish(ch, "dd.ha", b"new1", message_id="new1", persistent=True)
+    conn.close()
+    rows = {r["name"]: r for r in ctl_json(first, "list-queues", "name", "messages", "dedup_cache_size",
+                                           "dedup_dropped")}
+    assert rows["dd.ha"]["messages"] == 51, rows
+    assert rows["dd.ha"]["dedup_cache_size"] == 101 and rows["dd.ha"]["dedup_dropped"] == 100, rows
+
+    # the old master comes back as a mirror (a full sync brings it the ids), and the new master
+    # dies too: whichever mirror takes over (fully synced, or reconciled) knows every id
+    old.start(timeout=60)
+    survivor = next(m for m in others if m is not first)
+    wait_until(lambda: sorted((queue_row(survivor, "dd.ha") or {}).get("synchronised_mirrors") or [])
+               == sorted([old.name, survivor.name]), timeout=60)
+    first.kill9()
+    _master(survivor, "dd.ha", not_on=(first.name,))
+    conn = pika.BlockingConnection(pika.URLParameters(survivor.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(100):
+        _publish_until_confirmed(ch, "dd.ha", b"third", f"id{i}")
+    _publish(ch, "dd.ha", b"new1-again", message_id="new1", persistent=True)
+    _publish(ch, "dd.ha", b"new2", message_id="new2", persistent=True)
+    bodies = _bodies(ch, "dd.ha")
+    conn.close()
+    assert sorted(bodies) == sorted([f"m{i}".encode() for i in range(50, 100)] + [b"new1", b"new2"]), bodies

@@ -337,8 +337,8 @@ class Queue:
         back redelivered; a TTL deadline the old master had set holds (one unknown to it counts
         from now). The head is read into memory and the rest stays paged out, as on the mirror:
         taken over by columns, since a promotion must not hold the loop for a long queue."""
-        if self.dedup is not None and contents.dedup:
-            self.dedup.replace(contents.dedup)     # in this node's store already: the mirror wrote them
+        if self.dedup is not None:     # the mirror's ids (in this node's store already: it wrote them)
+            self.dedup.replace(getattr(contents, "dedup", ()))
         keys = contents.keys
         if not keys:
             return
