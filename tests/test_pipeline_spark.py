@@ -577,7 +577,7 @@ def _count(urls, queue: str):
     return None
 
 
-def test_deduplicating_sink_is_effectively_once_through_job_and_master_kills(node, tmp_path):
+def test_deduplicating_sink_is_effectively_once_through_job_and_master_kills(tmp_path):
     """20,000 messages, mirrored queue -> Spark (deduplication=true) -> mirrored deduplicating
     queue; the job is SIGKILLed twice and restarted from its checkpoint and the output queue's
     master node is SIGKILLed once: every message arrives exactly once, the input ends empty."""
