@@ -586,9 +586,13 @@ def test_deduplicating_sink_is_effectively_once_through_job_and_master_kills(tmp
     import json as json_
 
     from tests.clusters import ctl, ctl_json, proxied_cluster
+    began = time.monotonic()
     members, partition = proxied_cluster(tmp_path / "cluster", failure_timeout=3.0)
     hare1, hare2, hare3 = members
     job = None
+
+    def took() -> str:
+        return f"[{time.monotonic() - began:.0f} s]"
     try:
         r = ctl(hare1, "set-policy", "ha", r"^ha\.", json_.dumps({"ha-mode": "all", "ha-sync-mode": "automatic"}),
                 "--apply-to", "queues")
@@ -637,14 +641,15 @@ def test_deduplicating_sink_is_effectively_once_through_job_and_master_kills(tmp
                     f"output stuck at {count} (wanted {at_least}):\n{log.read_text()[-3000:]}"
                 time.sleep(0.2)
 
+        print(f"\ncluster up, input filled and mirrored {took()}")
         job = start()
-        print(f"\nfirst job SIGKILLed at {wait_output(3000)} output messages")
+        print(f"\nfirst job SIGKILLed at {wait_output(3000)} output messages {took()}")
         _kill_job(job)
         job = start()
         wait_output(_count(urls, dst) + 3000)
         hare2.kill9()                                   # the output queue's master
-        print(f"output master {hare2.name} SIGKILLed at {_count(urls, dst)}")
-        print(f"second job SIGKILLed at {wait_output(13_000, timeout=150)} output messages")
+        print(f"output master {hare2.name} SIGKILLed at {_count(urls, dst)} {took()}")
+        print(f"second job SIGKILLed at {wait_output(13_000, timeout=150)} output messages {took()}")
         _kill_job(job)
         job = start()
         wait_output(n, timeout=150)
@@ -652,6 +657,7 @@ def test_deduplicating_sink_is_effectively_once_through_job_and_master_kills(tmp
         _kill_job(job, signal.SIGTERM)
         job = None
         ready, consumers = _wait_consumers_gone(hare3.url, src)
+        print(f"all {n} out, job stopped {took()}")
         drain = Drain(hare3.url, dst)
         drain.until(lambda: drain.total >= n, 60)
         drain.pump(2)

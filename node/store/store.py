@@ -79,7 +79,6 @@ class Recovered:
         self.queues: dict[int, list[int]] = defaultdict(list)   # queue id -> live msg ids, in order
         self.messages = 0
         self.torn_tail: tuple[int, int] | None = None
-        self.dedup: dict[int, dict[bytes, int]] = {}              # queue id -> {dedup id: seen-at ms}, oldest first
         self.skipped: list[tuple[int, int]] = []
 
 
@@ -494,7 +493,6 @@ class MessageStore:
                 self.log.info("recovery progress", done=f"{100 * done_bytes // max(total, 1)}%",
                               messages=len(where))
         recovered.messages = len(where)
-        recovered.dedup = self.recovered_ids
         live, live_bytes, queues = self.live, self.live_bytes, recovered.queues
         for msg_id, loc in sorted(where.items()):
             queue_id = loc >> QUEUE_SHIFT
