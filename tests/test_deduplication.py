@@ -178,9 +178,12 @@ def test_ids_survive_kill9_also_of_consumed_and_acked_messages(own):
     _declare(ch, "dd.durable", size=1000, durable=True)
     for i in range(20):
         _publish(ch, "dd.durable", f"m{i}".encode(), message_id=f"id{i}", persistent=True)
+    acker = ch.connection.channel()
+    acker.tx_select()       # tx.commit returns once the acks are durable
     for _ in range(10):     # the first ten are consumed and acked before the kill
-        method, _p, _b = ch.basic_get("dd.durable")
-        ch.basic_ack(method.delivery_tag)
+        method, _p, _b = acker.basic_get("dd.durable")
+        acker.basic_ack(method.delivery_tag)
+    acker.tx_commit()
     ch = _restarted(n)
     for i in range(25):     # all twenty again, and five new ones
         _publish(ch, "dd.durable", f"again{i}".encode(), message_id=f"id{i}", persistent=True)
