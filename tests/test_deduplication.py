@@ -39,6 +39,34 @@ def _bodies(ch, queue):
         got.append(body)
 
 
+# ---- the pieces, without a node --------------------------------------------------------------------
+def test_id_cache_bounds_by_size_and_ttl():
+    from haremq.node.broker.deduplication import IdCache
+    cache = IdCache(3, ttl=1000)
+    for i, key in enumerate((b"a", b"b", b"c", b"d")):
+        cache.add(key, 10_000 + i)
+    assert [k for k, _ in cache.seen.items()] == [b"b", b"c", b"d"]      # a, the oldest, evicted
+    assert cache.contains(b"b", 10_500) and not cache.contains(b"b", 11_001)   # beyond the TTL
+    cache.replace([(b"x", 1), (b"y", 2)])
+    assert cache.entries() == []                                         # long expired
+
+
+def test_enqueue_records_carry_the_id_and_old_records_read_the_same():
+    from haremq.node.store import records as rec
+    plain = rec.enqueue(7, 42, 0, b"\x02ex", b"\x02rk", b"\x00\x00", b"body")
+    tagged = rec.enqueue(7, 42, 0, b"\x02ex", b"\x02rk", b"\x00\x00", b"body", (b"id-1", 1234))
+    for record in (plain, tagged):
+        rtype, start, end = rec.check(record, 0)
+        assert rtype == rec.ENQUEUE
+        assert rec.parse_enqueue(record[start:end]) == (7, 42, rec.FLAG_DEDUP if record is tagged else 0,
+                                                       "ex", "rk", b"\x00\x00", b"body")
+    assert rec.parse_enqueue_dedup(tagged, rec.HEADER_SIZE) == (b"id-1", 1234)
+    assert rec.without_dedup(tagged) == plain          # what compaction copies
+    ids = rec.dedup_ids(7, [(b"a", 1), (b"bb", 2)], True)
+    rtype, start, end = rec.check(ids, 0)
+    assert rtype == rec.DEDUP_IDS and rec.parse_dedup_ids(ids[start:end]) == (7, True, [(b"a", 1), (b"bb", 2)])
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     """This module's node, with the management API (policies, queue objects)."""
