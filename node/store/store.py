@@ -226,9 +226,9 @@ class MessageStore:
     def keep_ids(self, queue_id: int, cache) -> list[tuple[bytes, int]]:
         """Register a queue's id cache (anything with `entries()`: [(id, seen-at ms)]) so its
         ids are written again before the segments holding them go; returns the ids recovered
-        for that queue, oldest first."""
+        for that queue, oldest first (handed over once: the cache holds them from then on)."""
         self.id_caches[queue_id] = cache
-        return list(self.recovered_ids.get(queue_id, {}).items())
+        return list(self.recovered_ids.pop(queue_id, {}).items())
 
     def forget_ids(self, queue_id: int, cache) -> None:
         if self.id_caches.get(queue_id) is cache:
