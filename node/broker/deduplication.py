@@ -22,6 +22,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
+from ..protocol.properties import PropertyView, decode_properties
+
 HEADER = "x-deduplication-header"
 
 
@@ -29,17 +31,16 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def message_key(props) -> bytes | None:
-    """The id of a message from its PropertyView: the header, else message_id, else None."""
-    if props.has_headers:
-        value = props.headers().get(HEADER)
-        if value is not None:
-            if isinstance(value, bytes):
-                return value
-            return (value if isinstance(value, str) else repr(value)).encode()
-    if props.message_id is not None:
-        return props.message_id.encode()
-    return None
+def message_key(props_raw: bytes) -> bytes | None:
+    """The id of a message from its raw properties: the header, else message_id, else None.
+    Read here, for deduplicating queues only, not on every publish's path."""
+    value = PropertyView(props_raw).headers().get(HEADER)
+    if value is not None:
+        if isinstance(value, bytes):
+            return value
+        return (value if isinstance(value, str) else repr(value)).encode()
+    message_id = decode_properties(props_raw).message_id
+    return message_id.encode() if message_id else None
 
 
 def settings(enabled, size, ttl) -> tuple[int, int | None] | None:

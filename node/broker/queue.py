@@ -198,7 +198,7 @@ class Queue:
         """Enqueue: SAFE, LOGGED (safe once the store syncs) or REFUSED (reject-publish)."""
         seen = None
         if self.dedup is not None:
-            key = dd.message_key(PropertyView(message.props_raw))
+            key = dd.message_key(message.props_raw)
             if key is not None:
                 now = dd.now_ms()
                 if self.dedup.contains(key, now):

@@ -2,8 +2,8 @@
 
 Messages keep the property bytes their publisher sent and are delivered with
 them unchanged. Routing and queue features need only delivery_mode,
-priority, expiration, reply_to, user_id, message_id (deduplication) and (for
-the headers exchange and deduplication) the headers table; a single pass over the flag word finds them without building
+priority, expiration, reply_to, user_id and (for the headers exchange) the
+headers table; a single pass over the flag word finds them without building
 a pamqp Properties object per message.
 """
 from __future__ import annotations
@@ -23,15 +23,15 @@ _LAYOUT = (
     ("timestamp", _LONGLONG), ("type", _SHORTSTR), ("user_id", _SHORTSTR),
     ("app_id", _SHORTSTR), ("cluster_id", _SHORTSTR),
 )
-_WANTED = {"delivery_mode", "priority", "expiration", "reply_to", "user_id", "headers", "message_id"}
+_WANTED = {"delivery_mode", "priority", "expiration", "reply_to", "user_id", "headers"}
 _U32 = struct.Struct(">I")
 
 
 class PropertyView:
     """The properties a broker needs, found in one pass over the raw bytes."""
 
-    __slots__ = ("delivery_mode", "priority", "expiration", "reply_to", "user_id", "message_id",
-                 "_headers_span", "_raw")
+    __slots__ = ("delivery_mode", "priority", "expiration", "reply_to", "user_id", "_headers_span",
+                 "_raw")
 
     def __init__(self, raw: bytes):
         self._raw = raw
@@ -40,7 +40,6 @@ class PropertyView:
         self.expiration = None
         self.reply_to = None
         self.user_id = None
-        self.message_id = None
         self._headers_span = None
         if len(raw) < 2:
             raise AMQPError(ReplyCode.FRAME_ERROR, "content header without property flags")
@@ -74,10 +73,6 @@ class PropertyView:
     @property
     def persistent(self) -> bool:
         return self.delivery_mode == 2
-
-    @property
-    def has_headers(self) -> bool:
-        return self._headers_span is not None
 
     def headers(self) -> dict:
         if self._headers_span is None:
