@@ -196,6 +196,9 @@ class Queue:
     # ---- messages in ----------------------------------------------------------
     def publish(self, message: Message) -> int:
         """Enqueue: SAFE, LOGGED (safe once the store syncs) or REFUSED (reject-publish)."""
+        if self._would_overflow(message) and self.overflow in (OVERFLOW_REJECT_PUBLISH,
+                                                               OVERFLOW_REJECT_PUBLISH_DLX):
+            return REFUSED
         seen = None
         if self.dedup is not None:
             key = dd.message_key(message.props_raw)
@@ -205,12 +208,8 @@ class Queue:
                     # A duplicate: confirmed once everything before it (its first copy) is safe.
                     self.dedup.dropped += 1
                     return LOGGED if self.replica is not None or self.store is not None else SAFE
+                self.dedup.add(key, now)
                 seen = (key, now)
-        if self._would_overflow(message) and self.overflow in (OVERFLOW_REJECT_PUBLISH,
-                                                               OVERFLOW_REJECT_PUBLISH_DLX):
-            return REFUSED
-        if seen is not None:
-            self.dedup.add(*seen)
         self.published_total += 1
         store = self.store
         outcome = SAFE
