@@ -101,7 +101,7 @@ class Control:
                              "durable": queue.durable, "auto_delete": queue.auto_delete,
                              "exclusive": queue.exclusive_owner is not None, "node": self.node.name,
                              "state": "running", "arguments": _jsonable(queue.arguments),
-                             **self._mirroring(vname, queue.name)})
+                             **queue.dedup_stats, **self._mirroring(vname, queue.name)})
         return rows
 
     def _mirroring(self, vhost: str, name: str) -> dict:

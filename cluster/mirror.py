@@ -19,6 +19,7 @@ from collections import deque
 
 import structlog
 
+from haremq.node.broker.deduplication import IdCache
 from haremq.node.tasks import TaskGroup
 
 from .codec import message_from_pb
@@ -56,6 +57,41 @@ class MirrorQueue:
         # mirror, which must not enqueue them twice
         self.recent_ids: dict[int, int] = {}    # key -> publish id, the newest REMOVED_IDS
         self.removed_ids: deque = deque(maxlen=REMOVED_IDS)
+        # the master's deduplication ids: replaced at each reset, added to by ENQUEUE ops, kept in
+        # this node's store under the queue's id like the master's, handed over on promotion
+        self.dedup: IdCache | None = None
+
+    def reset_ids(self, size: int, ids, seen) -> None:
+        """A reset: the master's id cache as of the stream's base (size 0: it keeps none)."""
+        self.resize_ids(size)
+        if self.dedup is not None:
+            entries = list(zip(ids, seen))
+            self.dedup.replace(entries)
+            if self.store is not None:
+                self.store.save_ids(self.store_id, entries, True)
+
+    def resize_ids(self, size: int) -> None:
+        """The master's cache size, as every live batch says it (a policy may change it)."""
+        cache = self.dedup
+        if not size:
+            if cache is not None:
+                self.forget_ids()
+        elif cache is None:
+            self.dedup = IdCache(size)     # its TTL counts on the master and when promoted
+            if self.store is not None:
+                self.store.keep_ids(self.store_id, self.dedup)
+        elif cache.size != size:
+            cache.configure(size, None)
+
+    def forget_ids(self) -> None:
+        if self.dedup is not None and self.store is not None:
+            self.store.forget_ids(self.store_id, self.dedup)
+        self.dedup = None
+
+    def close(self) -> None:
+        """This node no longer mirrors the queue (deleted, or placed elsewhere)."""
+        self.discard()
+        self.forget_ids()
 
     def discard(self) -> None:
         """Forget every message (a reset, the queue deleted, or this node no longer a mirror)."""
@@ -131,10 +167,14 @@ class MirrorQueue:
             self.store.ack(self.store_id, [old])
         self.held.pop(key, None)
         store = self.store
+        seen = None
+        if op.dedup_id and self.dedup is not None:
+            seen = (op.dedup_id, op.dedup_seen_ms)
+            self.dedup.add(*seen)
         if store is not None and (message.persistent or len(self.held) >= HELD_LIMIT):
             self.ids[key] = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
                                           message.props_raw, message.body, delivered=op.redelivered,
-                                          transient=not message.persistent)
+                                          transient=not message.persistent, dedup=seen)
         else:
             self.held[key] = message
         if op.redelivered:
@@ -158,19 +198,22 @@ class MirrorQueue:
         without a loop over them). Bodies stay in the store."""
         ids, held = self.ids, self.held
         keys = sorted((*ids, *held)) if held else sorted(ids)
-        return MirrorContents(keys, ids, held, self.delivered, self.expires)
+        return MirrorContents(keys, ids, held, self.delivered, self.expires,
+                              self.dedup.entries() if self.dedup is not None else [])
 
 
 class MirrorContents:
     """A mirror's copy as the new master adopts it: keys ascending, and by key the store id (or
-    the message held in memory), the delivered flag and the TTL deadline."""
+    the message held in memory), the delivered flag and the TTL deadline; and the deduplication
+    ids, [(id, seen-at ms)] oldest first."""
 
-    def __init__(self, keys: list[int], ids: dict, held: dict, delivered: set, expires: dict):
+    def __init__(self, keys: list[int], ids: dict, held: dict, delivered: set, expires: dict, dedup=()):
         self.keys = keys
         self.ids = ids
         self.held = held
         self.delivered = delivered
         self.expires = expires
+        self.dedup = dedup
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -187,7 +230,7 @@ class MirrorContents:
         if not keys:
             return self
         return MirrorContents([k for k in self.keys if k not in keys], self.ids, self.held, self.delivered,
-                              self.expires)
+                              self.expires, self.dedup)
 
 
 async def serve_mirror(mirroring, request_iterator, context):
@@ -235,6 +278,7 @@ async def serve_mirror(mirroring, request_iterator, context):
                         if batch.reconcile:
                             acks.put_nowait(RESYNC)
                             return
+                    mirror.reset_ids(batch.dedup_size, batch.dedup_ids, batch.dedup_seen_ms)
                 elif batch.fill:
                     for op in batch.ops:
                         mirror.apply(op)
@@ -242,6 +286,8 @@ async def serve_mirror(mirroring, request_iterator, context):
                 elif not in_snapshot and batch.first_seq != next_seq:
                     acks.put_nowait(f"out of order: expected {next_seq}, got {batch.first_seq}")
                     return
+                elif not in_snapshot:
+                    mirror.resize_ids(batch.dedup_size)
                 if not batch.fill:
                     for op in batch.ops:
                         mirror.apply(op)

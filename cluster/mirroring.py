@@ -111,7 +111,7 @@ class Mirroring:
             replicator.close(True)       # RabbitMQ confirms publishes to a queue deleted meanwhile
         mirror = self.mirrors.pop(key, None)
         if mirror is not None:
-            mirror.discard()
+            mirror.close()
 
     def policies_changed(self) -> None:
         for state in list(self.states.values()):
@@ -137,7 +137,7 @@ class Mirroring:
         if self.node not in state.mirrors:
             mirror = self.mirrors.pop(key, None)
             if mirror is not None:
-                mirror.discard()
+                mirror.close()
         queue = self._queue(state)
         replicator = self.replicators.get(key)
         if state.home == self.node and queue is not None and not queue.remote and state.mirrors:

@@ -49,11 +49,15 @@ MAX_BATCH_OPS = 4000
 IN_CONFIRM_SET = ("catching", "proposing", "synced")
 
 
-def enqueue_op(seq: int, message, redelivered: bool, expires: float):
-    """ENQUEUE, with what is left of the message's TTL: a promoted mirror expires it on time."""
+def enqueue_op(seq: int, message, redelivered: bool, expires: float, seen=None):
+    """ENQUEUE, with what is left of the message's TTL: a promoted mirror expires it on time;
+    and the deduplication id it entered the master's cache with, (id, seen-at ms), if any."""
     left = max(1, int((expires - time.monotonic()) * 1000)) if expires else 0
+    if seen is None:
+        return pb.MirrorOp(kind=ENQUEUE, key=seq, message=message_to_pb(message), redelivered=redelivered,
+                           ttl_left_ms=left)
     return pb.MirrorOp(kind=ENQUEUE, key=seq, message=message_to_pb(message), redelivered=redelivered,
-                       ttl_left_ms=left)
+                       ttl_left_ms=left, dedup_id=seen[0], dedup_seen_ms=seen[1])
 
 
 class MirrorRefused(Exception):
@@ -129,8 +133,14 @@ class Replicator:
             return
         self._push(pb.MirrorOp(kind=kind, keys=keys))
 
-    def enqueue(self, seq: int, message, redelivered: bool, expires: float) -> None:
-        self._push(enqueue_op(seq, message, redelivered, expires))
+    def enqueue(self, seq: int, message, redelivered: bool, expires: float, seen=None) -> None:
+        self._push(enqueue_op(seq, message, redelivered, expires, seen))
+
+    @property
+    def dedup_size(self) -> int:
+        """The master's id cache size (0: no deduplication); every live batch says it."""
+        cache = self.queue.dedup if self.queue is not None else None
+        return cache.size if cache is not None else 0
 
     def deliver(self, entry) -> None:
         self._push_keys(DELIVER, [entry.seq])
@@ -355,6 +365,9 @@ class MirrorLink:
             keys = rep.queue.keys_upto(self.reconcile_upto)
             reader.cursor = self.reconcile_upto + 1     # newer messages are sent whole
         self.cut_key = rep.queue.next_seq - 1
+        # the id cache as of base: the mirror's copy is replaced by it whatever the sync mode
+        # (ids outlive their messages, so no snapshot of the messages brings them)
+        ids = rep.queue.dedup.entries() if rep.queue.dedup is not None else []
         self.sent_upto = base
         self.acked = 0
         self.fills.clear()
@@ -366,7 +379,7 @@ class MirrorLink:
                           messages=self.sync_total)
         self._event = asyncio.Event()       # a generator of an earlier stream may linger: not woken
         self._stream_id += 1
-        self._call = peer.stub.Mirror(self._batches(reader, base, self._stream_id, self._event, keys),
+        self._call = peer.stub.Mirror(self._batches(reader, base, self._stream_id, self._event, keys, ids),
                                       metadata=rep.mirroring.call_metadata())
         async for ack in self._call:
             if ack.error:
@@ -423,12 +436,13 @@ class MirrorLink:
                 return
             yield chunk
 
-    async def _batches(self, reader, base: int, stream_id: int, event: asyncio.Event, keys=None):
+    async def _batches(self, reader, base: int, stream_id: int, event: asyncio.Event, keys=None, ids=()):
         rep = self.rep
         state = rep.state
         head = dict(vhost=state.vhost, queue=state.name, epoch=state.epoch, master=rep.mirroring.node)
         yield pb.MirrorBatch(reset=True, base_seq=base, snapshot_done=reader is None, reconcile=keys is not None,
-                             **head)
+                             dedup_size=rep.dedup_size, dedup_ids=[key for key, _at in ids],
+                             dedup_seen_ms=[at for _key, at in ids], **head)
         if keys is not None:
             held, delivered = keys
             for i in range(0, len(held), RECONCILE_BATCH):
@@ -466,4 +480,4 @@ class MirrorLink:
             first = self.sent_upto + 1
             ops = rep.ops_after(self.sent_upto)
             self.sent_upto += len(ops)
-            yield pb.MirrorBatch(first_seq=first, ops=ops)
+            yield pb.MirrorBatch(first_seq=first, ops=ops, dedup_size=rep.dedup_size)

@@ -30,7 +30,8 @@ LISTINGS = {
     "cluster-status": ("cluster_status", None, "members, which are up, the Raft leader and alarms"),
     "list-queues": ("list_queues", ["name", "vhost", "messages", "messages_unacknowledged", "consumers", "node",
                                     "mirrors", "synchronised_mirrors", "epoch", "sync"],
-                    "queues of the whole cluster; name columns to choose them (list-queues name messages)"),
+                    "queues of the whole cluster; name columns to choose them (list-queues name messages; "
+                    "dedup_cache_size dedup_dropped for deduplication)"),
     "list-exchanges": ("list_exchanges", ["name", "vhost", "type", "durable", "auto_delete", "internal"],
                        "exchanges"),
     "list-bindings": ("list_bindings", ["source", "vhost", "destination", "destination_type", "routing_key"],

@@ -101,7 +101,16 @@ Source options: uri, queue, maxRowsPerBatch (10000), maxBytesPerBatch (64 MiB of
 Arrow binary column holds at most 2 GiB), prefetch (2 x maxRowsPerBatch, at most 65535),
 connectTimeout (10 s), reconnectTimeout (60 s), heartbeat (server's), sessionCheckTimeout
 (150 s). Sink options: uri, exchange (""), routingKey (""), persistent (true), mandatory
-(true), confirmWindow (2000), confirmTimeout (30 s), connectTimeout (10 s).
+(true), confirmWindow (2000), confirmTimeout (30 s), connectTimeout (10 s), deduplication
+(false).
+
+Effectively once. With `deduplication=true` the sink puts an id on every row, in the header
+`x-deduplication-header` that a deduplicating HareMQ queue (x-message-deduplication) drops
+repeats by: the row's `dedup_id` column when the frame has one (the source's is the
+message_id, or a hash of the message), else `spark:<query id>:<batch id>:<partition>:<row>`,
+read from the task's local properties, which Spark reproduces when it runs a batch again from
+a replayable source. A batch replayed after a crash is then published again and dropped by the
+queue, each row confirmed.
 """
 from __future__ import annotations
 
@@ -144,6 +153,8 @@ from .amqp import (
 )
 
 log = logging.getLogger("pipeline.haremq")
+
+DEDUP_HEADER = "x-deduplication-header"    # what a deduplicating HareMQ queue reads (sink option deduplication)
 
 PROPERTIES_TYPE = StructType([
     StructField("content_type", StringType()),
@@ -243,6 +254,7 @@ class SinkOptions:
     window: int
     confirm_timeout: float
     connect_timeout: float
+    deduplication: bool = False
 
     @classmethod
     def parse(cls, options) -> "SinkOptions":
@@ -255,7 +267,8 @@ class SinkOptions:
                    mandatory=_flag(options, "mandatory", True, role),
                    window=_number(options, "confirmWindow", 2000, role, minimum=1),
                    confirm_timeout=_number(options, "confirmTimeout", 30.0, role, float, 0.1),
-                   connect_timeout=_number(options, "connectTimeout", 10.0, role, float, 0.1))
+                   connect_timeout=_number(options, "connectTimeout", 10.0, role, float, 0.1),
+                   deduplication=_flag(options, "deduplication", False, role))
 
 
 # --------------------------------------------------------------------------- the data source
@@ -452,6 +465,8 @@ class HareMQCommitMessage(WriterCommitMessage):
 class _Publishing:
     """Turns Arrow batches into confirmed publishes; shared by the stream and batch writers."""
 
+    streaming = False
+
     def __init__(self, options: SinkOptions, schema: StructType):
         self.options = options
         names = {f.name: f for f in schema.fields}
@@ -465,6 +480,10 @@ class _Publishing:
         self.has_rk = rk is not None
         self.has_headers = isinstance(getattr(names.get("headers"), "dataType", None), MapType)
         self.has_props = isinstance(getattr(names.get("properties"), "dataType", None), StructType)
+        self.has_dedup_id = isinstance(getattr(names.get("dedup_id"), "dataType", None), StringType)
+        if options.deduplication and not self.has_dedup_id and not self.streaming:
+            raise HareMQError("haremq sink: option 'deduplication' on a batch write needs a 'dedup_id' column "
+                              "(a streaming query can use the row's place in its micro-batch instead)")
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> HareMQCommitMessage:
         o = self.options
@@ -477,11 +496,29 @@ class _Publishing:
         o = self.options
         mode = 2 if o.persistent else None
         shared = pika.BasicProperties(delivery_mode=mode)
+        place = _place_prefix() if o.deduplication and (not self.has_dedup_id or self.streaming) else None
+        row = 0
         for batch in batches:
             bodies = batch.column("body").to_pylist()
             keys = batch.column("routingKey").to_pylist() if self.has_rk else None
             headers = batch.column("headers").to_pylist() if self.has_headers else None
             props = batch.column("properties").to_pylist() if self.has_props else None
+            if o.deduplication:
+                ids = batch.column("dedup_id").to_pylist() if self.has_dedup_id else [None] * len(bodies)
+                for i, b in enumerate(bodies):
+                    ident = ids[i]
+                    if ident is None:
+                        if place is None:
+                            raise HareMQError("haremq sink: a row without a dedup_id in a batch write "
+                                              "with option 'deduplication'")
+                        ident = place + str(row + i)
+                    h = dict(headers[i]) if headers is not None and headers[i] else {}
+                    h[DEDUP_HEADER] = ident
+                    key = keys[i] if keys is not None and keys[i] is not None else o.routing_key
+                    yield Outgoing(key, b.encode("utf-8") if isinstance(b, str) else (b or b""),
+                                   _properties(h, props[i] if props is not None else None, mode))
+                row += len(bodies)
+                continue
             for i, b in enumerate(bodies):
                 if isinstance(b, str):
                     b = b.encode("utf-8")
@@ -495,6 +532,20 @@ class _Publishing:
                     p = _properties(headers[i] if headers is not None else None,
                                     props[i] if props is not None else None, mode)
                 yield Outgoing(key, b, p)
+
+
+def _place_prefix() -> str:
+    """`query id:batch id:partition:` of the task writing: with a row's index in its partition,
+    an id Spark reproduces when it runs a micro-batch again (from the checkpoint, or a retried
+    task), for a replayable source."""
+    from pyspark import TaskContext
+    tc = TaskContext.get()
+    query = tc.getLocalProperty("sql.streaming.queryId") if tc is not None else None
+    batch = tc.getLocalProperty("streaming.sql.batchId") if tc is not None else None
+    if query is None or batch is None:
+        raise HareMQError("haremq sink: option 'deduplication' without a 'dedup_id' column needs a streaming "
+                          "query (its query id and micro-batch id name each row)")
+    return f"spark:{query}:{batch}:{tc.partitionId()}:"
 
 
 def _properties(headers, props, mode) -> pika.BasicProperties:
@@ -515,6 +566,8 @@ def _properties(headers, props, mode) -> pika.BasicProperties:
 
 class HareMQStreamWriter(_Publishing, DataSourceStreamArrowWriter):
     """Streaming sink: each task publishes its rows with confirms; see the module docstring."""
+
+    streaming = True
 
     def commit(self, messages, batchId: int) -> None:
         n = sum(m.published for m in messages if m is not None)

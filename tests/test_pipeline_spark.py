@@ -563,3 +563,115 @@ def test_trigger_available_now_reads_the_backlog_acks_it_and_ends(spark, node, t
     assert [p["numInputRows"] for p in q.recentProgress] == [10, 10, 5, 0]  # the last one is the flush
     ready, _ = _wait_consumers_gone(node.url, src)
     assert ready == 0 and _counts(node.url, dst)[0] == 25
+
+
+# --------------------------------------------------------------------------- effectively once
+
+def _count(urls, queue: str):
+    """Messages ready in `queue`, asked of the first node that answers (None if none does)."""
+    for url in urls:
+        try:
+            return _counts(url, queue)[0]
+        except Exception:  # noqa: BLE001 - a node that is down or failing over: ask the next
+            continue
+    return None
+
+
+def test_deduplicating_sink_is_effectively_once_through_job_and_master_kills(tmp_path):
+    """20,000 messages, mirrored queue -> Spark (deduplication=true) -> mirrored deduplicating
+    queue; the job is SIGKILLed twice and restarted from its checkpoint and the output queue's
+    master node is SIGKILLed once: every message arrives exactly once, the input ends empty."""
+    if REF_PORT:
+        pytest.skip("controls node processes")
+    import json as json_
+
+    from tests.clusters import ctl, ctl_json, proxied_cluster
+    began = time.monotonic()
+    members, partition = proxied_cluster(tmp_path / "cluster", failure_timeout=3.0)
+    hare1, hare2, hare3 = members
+    job = None
+
+    def took() -> str:
+        return f"[{time.monotonic() - began:.0f} s]"
+    try:
+        r = ctl(hare1, "set-policy", "ha", r"^ha\.", json_.dumps({"ha-mode": "all", "ha-sync-mode": "automatic"}),
+                "--apply-to", "queues")
+        assert r.returncode == 0, r.stderr
+        n = 20_000
+        src, dst = _name("ha.ddin"), _name("ha.ddout")
+        _declare(hare1.url, src)                        # the input's master: hare1
+        conn, ch = _channel(hare2.url)                  # the output's: hare2, killed below
+        ch.queue_declare(dst, durable=True, arguments={"x-message-deduplication": True, "x-cache-size": 50_000})
+        conn.close()
+        props = [pika.BasicProperties(delivery_mode=2, message_id=f"in-{i:06d}") for i in range(n)]
+        assert ConfirmingPublisher(parse_uris(hare1.url, "test"), "").publish(
+            Outgoing(src, f"d-{i:06d}".encode(), props[i]) for i in range(n)) == n
+        expected = {f"D-{i:06d}".encode() for i in range(n)}     # the example job upper-cases bodies
+
+        def synced(queue):
+            row = next((q for q in ctl_json(hare3, "list-queues") if q["name"] == queue), None)
+            return row is not None and len(row["synchronised_mirrors"] or []) == 2
+        deadline = time.monotonic() + 30
+        while not (synced(src) and synced(dst)):
+            assert time.monotonic() < deadline, "mirrors never synchronised"
+            time.sleep(0.2)
+
+        uri = f"{hare3.url},{hare1.url},{hare2.url}"    # the job talks to hare3 first
+        urls = [hare3.url, hare1.url, hare2.url]
+        ck, log = tmp_path / "ck", tmp_path / "job.log"
+        env = dict(os.environ, SPARK_LOCAL_IP=HOST,
+                   PYTHONPATH=os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p))
+
+        def start():
+            return subprocess.Popen(
+                [sys.executable, "-m", "haremq.pipeline.examples.transform_job", "--uri", uri, "--source", src,
+                 "--target", dst, "--checkpoint", str(ck), "--max-rows", "1000", "--master", "local[2,4]",
+                 "--deduplication"],
+                stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+        def wait_output(at_least, timeout=120):
+            deadline = time.monotonic() + timeout
+            while True:
+                if job.poll() is not None:
+                    raise AssertionError(f"job exited with {job.returncode}:\n{log.read_text()[-3000:]}")
+                count = _count(urls, dst)
+                if count is not None and count >= at_least:
+                    return count
+                assert time.monotonic() < deadline, \
+                    f"output stuck at {count} (wanted {at_least}):\n{log.read_text()[-3000:]}"
+                time.sleep(0.2)
+
+        print(f"\ncluster up, input filled and mirrored {took()}")
+        job = start()
+        print(f"\nfirst job SIGKILLed at {wait_output(3000)} output messages {took()}")
+        _kill_job(job)
+        job = start()
+        wait_output(_count(urls, dst) + 3000)
+        hare2.kill9()                                   # the output queue's master
+        print(f"output master {hare2.name} SIGKILLed at {_count(urls, dst)} {took()}")
+        print(f"second job SIGKILLed at {wait_output(13_000, timeout=150)} output messages {took()}")
+        _kill_job(job)
+        job = start()
+        wait_output(n, timeout=150)
+        time.sleep(5)      # the idle flush lets Spark commit, and the source ack, the last batch
+        _kill_job(job, signal.SIGTERM)
+        job = None
+        ready, consumers = _wait_consumers_gone(hare3.url, src)
+        print(f"all {n} out, job stopped {took()}")
+        drain = Drain(hare3.url, dst)
+        drain.until(lambda: drain.total >= n, 60)
+        drain.pump(2)
+        drain.close()
+        rows = {q["name"]: q for q in ctl_json(hare3, "list-queues", "name", "dedup_cache_size", "dedup_dropped")}
+        print(f"output: {drain.total} messages, {len(set(drain.bodies))} distinct; the queue dropped "
+              f"{rows[dst]['dedup_dropped']} duplicates; {ready} left in the input")
+        assert set(drain.bodies) == expected, f"{len(expected - set(drain.bodies))} lost"
+        assert drain.total == n and max(drain.bodies.values()) == 1, "a message arrived twice"
+        assert max(drain.ids.values()) == 1
+        assert ready == 0, f"{ready} messages left in the input"
+    finally:
+        if job is not None:
+            _kill_job(job)
+        for m in members:
+            m.kill9()
+        partition["close"]()

@@ -303,7 +303,7 @@ class ControlReply(_message.Message):
     def __init__(self, ok: bool = ..., error: _Optional[str] = ..., result: _Optional[bytes] = ...) -> None: ...
 
 class MirrorOp(_message.Message):
-    __slots__ = ("kind", "key", "message", "redelivered", "keys", "ttl_left_ms")
+    __slots__ = ("kind", "key", "message", "redelivered", "keys", "ttl_left_ms", "dedup_id", "dedup_seen_ms")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         ENQUEUE: _ClassVar[MirrorOp.Kind]
@@ -320,16 +320,20 @@ class MirrorOp(_message.Message):
     REDELIVERED_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TTL_LEFT_MS_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_ID_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_SEEN_MS_FIELD_NUMBER: _ClassVar[int]
     kind: MirrorOp.Kind
     key: int
     message: Message
     redelivered: bool
     keys: _containers.RepeatedScalarFieldContainer[int]
     ttl_left_ms: int
-    def __init__(self, kind: _Optional[_Union[MirrorOp.Kind, str]] = ..., key: _Optional[int] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., redelivered: bool = ..., keys: _Optional[_Iterable[int]] = ..., ttl_left_ms: _Optional[int] = ...) -> None: ...
+    dedup_id: bytes
+    dedup_seen_ms: int
+    def __init__(self, kind: _Optional[_Union[MirrorOp.Kind, str]] = ..., key: _Optional[int] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., redelivered: bool = ..., keys: _Optional[_Iterable[int]] = ..., ttl_left_ms: _Optional[int] = ..., dedup_id: _Optional[bytes] = ..., dedup_seen_ms: _Optional[int] = ...) -> None: ...
 
 class MirrorBatch(_message.Message):
-    __slots__ = ("vhost", "queue", "epoch", "master", "reset", "base_seq", "snapshot_done", "first_seq", "ops", "reconcile", "keys", "delivered_keys", "fill")
+    __slots__ = ("vhost", "queue", "epoch", "master", "reset", "base_seq", "snapshot_done", "first_seq", "ops", "reconcile", "keys", "delivered_keys", "fill", "dedup_size", "dedup_ids", "dedup_seen_ms")
     VHOST_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -343,6 +347,9 @@ class MirrorBatch(_message.Message):
     KEYS_FIELD_NUMBER: _ClassVar[int]
     DELIVERED_KEYS_FIELD_NUMBER: _ClassVar[int]
     FILL_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_SEEN_MS_FIELD_NUMBER: _ClassVar[int]
     vhost: str
     queue: str
     epoch: int
@@ -356,7 +363,10 @@ class MirrorBatch(_message.Message):
     keys: _containers.RepeatedScalarFieldContainer[int]
     delivered_keys: _containers.RepeatedScalarFieldContainer[int]
     fill: bool
-    def __init__(self, vhost: _Optional[str] = ..., queue: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ..., reset: bool = ..., base_seq: _Optional[int] = ..., snapshot_done: bool = ..., first_seq: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[MirrorOp, _Mapping]]] = ..., reconcile: bool = ..., keys: _Optional[_Iterable[int]] = ..., delivered_keys: _Optional[_Iterable[int]] = ..., fill: bool = ...) -> None: ...
+    dedup_size: int
+    dedup_ids: _containers.RepeatedScalarFieldContainer[bytes]
+    dedup_seen_ms: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, vhost: _Optional[str] = ..., queue: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ..., reset: bool = ..., base_seq: _Optional[int] = ..., snapshot_done: bool = ..., first_seq: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[MirrorOp, _Mapping]]] = ..., reconcile: bool = ..., keys: _Optional[_Iterable[int]] = ..., delivered_keys: _Optional[_Iterable[int]] = ..., fill: bool = ..., dedup_size: _Optional[int] = ..., dedup_ids: _Optional[_Iterable[bytes]] = ..., dedup_seen_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MirrorAck(_message.Message):
     __slots__ = ("seq", "error", "missing", "resync")

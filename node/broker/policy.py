@@ -9,7 +9,8 @@ and the policy key, RabbitMQ's rule decides (rabbit_amqqueue_process,
 `process_args_policy`): the lower of the two for `expires`, `message-ttl`,
 `max-length`, `max-length-bytes` and `delivery-limit`; the queue's own
 argument for `dead-letter-exchange`, `dead-letter-routing-key` and
-`overflow`.
+`overflow` (and for the deduplication keys `message-deduplication`,
+`cache-size` and `cache-ttl`).
 
 Pure data: the vhost keeps its policies and calls `Queue.apply_policy` with
 the winning definition whenever a queue is declared or the policies change.
@@ -31,6 +32,9 @@ QUEUE_KEYS = {
     "overflow": _ARG,
     "dead-letter-exchange": _ARG,
     "dead-letter-routing-key": _ARG,
+    "message-deduplication": _ARG,     # node/broker/deduplication.py
+    "cache-size": _ARG,
+    "cache-ttl": _ARG,
 }
 EXCHANGE_KEYS = {"alternate-exchange"}
 # keys RabbitMQ accepts that belong to features HareMQ handles elsewhere (mirroring) or not at all
@@ -43,7 +47,8 @@ APPLY_TO = ("all", "queues", "exchanges")
 HA_MODES = ("all", "exactly", "nodes")
 HA_SYNC_MODES = ("manual", "automatic")
 HA_PROMOTE = ("when-synced", "always")
-_INT_KEYS = {"message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit"}
+_INT_KEYS = {"message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit", "cache-size",
+             "cache-ttl"}
 
 
 class PolicyError(ValueError):
@@ -82,8 +87,12 @@ def validate(name: str, pattern: str, definition: dict, priority: int, apply_to:
         raise PolicyError(f"Validation failed\n\n{unknown} are not recognised policy settings")
     for key in _INT_KEYS & definition.keys():
         value = definition[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (key == "expires" and value == 0):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or \
+                (key in ("expires", "cache-size", "cache-ttl") and value == 0):
             raise PolicyError(f"Validation failed\n\n{key} must be a positive integer (got {value!r})")
+    if not isinstance(definition.get("message-deduplication", False), bool):
+        raise PolicyError("Validation failed\n\nmessage-deduplication must be a boolean "
+                          f"(got {definition['message-deduplication']!r})")
     overflow = definition.get("overflow")
     if overflow is not None and overflow not in ("drop-head", "reject-publish", "reject-publish-dlx"):
         raise PolicyError(f"Validation failed\n\n{overflow!r} is not a valid overflow value")

@@ -17,6 +17,7 @@ from typing import Callable
 from ..protocol.frames import shortstr
 from ..protocol.replies import AMQPError, ReplyCode, vhost_text
 from ..protocol.properties import PropertyView
+from . import deduplication as dd
 from . import policy as pol
 from .expiry import call_later, expiration_ms, monotonic
 from .message import Entry, Message
@@ -110,6 +111,7 @@ class Queue:
         self._unused_timer = None
         self._returns: dict[Entry, int] = {}     # x-delivery-limit: times each entry came back
         self.replica = None                      # cluster.replicator.Replicator while mirrored
+        self.dedup: dd.IdCache | None = None     # x-message-deduplication: the ids seen lately
         # counters read by the management API and /metrics (never reset; rates are their deltas)
         self.published_total = self.delivered_total = self.acked_total = 0
         self._resolve()
@@ -130,6 +132,25 @@ class Queue:
         self.dead_letter = self._dead_letter_handler if self.dlx is not None else None
         if self.ttl is not None:
             self.expiring = True
+        self._resolve_dedup(dd.settings(pol.effective(args, policy, "message-deduplication"),
+                                        pol.effective(args, policy, "cache-size"),
+                                        pol.effective(args, policy, "cache-ttl")))
+
+    def _resolve_dedup(self, conf) -> None:
+        """Deduplication on, off or resized; a durable queue's ids are kept in (and were
+        recovered from) its store."""
+        cache = self.dedup
+        if conf is None:
+            if cache is not None:
+                self.dedup = None
+                if self.store is not None:
+                    self.store.forget_ids(self.store_id, cache)
+        elif cache is None:
+            cache = self.dedup = dd.IdCache(*conf)
+            if self.store is not None:
+                cache.replace(self.store.keep_ids(self.store_id, cache))
+        else:
+            cache.configure(*conf)
 
     def set_dead_letter_handler(self, handler: Callable[["Queue", list, str], None]) -> None:
         """The vhost's dead-lettering; used whenever the queue has a dead-letter exchange."""
@@ -179,6 +200,17 @@ class Queue:
                 and self._would_overflow(message) and self.overflow in (OVERFLOW_REJECT_PUBLISH,
                                                                         OVERFLOW_REJECT_PUBLISH_DLX):
             return REFUSED
+        seen = None
+        if self.dedup is not None:
+            key = dd.message_key(message.props_raw)
+            if key is not None:
+                now = dd.now_ms()
+                if self.dedup.contains(key, now):
+                    # A duplicate: confirmed once everything before it (its first copy) is safe.
+                    self.dedup.dropped += 1
+                    return LOGGED if self.replica is not None or self.store is not None else SAFE
+                self.dedup.add(key, now)
+                seen = (key, now)
         self.published_total += 1
         store = self.store
         outcome = SAFE
@@ -194,7 +226,8 @@ class Queue:
             paging = bool(self.tail) or len(self.ready) >= self._head_limit
             if message.persistent or paging:
                 msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
-                                       message.props_raw, message.body, transient=not message.persistent)
+                                       message.props_raw, message.body, transient=not message.persistent,
+                                       dedup=seen)
                 outcome = LOGGED if message.persistent else SAFE
             else:
                 msg_id = 0
@@ -209,7 +242,7 @@ class Queue:
                 self.ready_bytes += len(message.body)
         if self.replica is not None:
             # safe only once every synchronised mirror has it too (see when_safe)
-            self.replica.enqueue(seq, message, False, expires)
+            self.replica.enqueue(seq, message, False, expires, seen)
             outcome = LOGGED
         if self.max_length is not None or self.max_length_bytes is not None:
             self._drop_head_to_limits()
@@ -315,6 +348,8 @@ class Queue:
         back redelivered; a TTL deadline the old master had set holds (one unknown to it counts
         from now). The head is read into memory and the rest stays paged out, as on the mirror:
         taken over by columns, since a promotion must not hold the loop for a long queue."""
+        if self.dedup is not None:     # the mirror's ids (in this node's store already: it wrote them)
+            self.dedup.replace(getattr(contents, "dedup", ()))
         keys = contents.keys
         if not keys:
             return
@@ -789,6 +824,13 @@ class Queue:
         """queue.purge for a channel: answer(count, error), here at once."""
         answer(self.purge(), None)
 
+    @property
+    def dedup_stats(self) -> dict:
+        """What list-queues and the management API show of deduplication (None when off)."""
+        cache = self.dedup
+        return {"dedup_cache_size": len(cache) if cache is not None else None,
+                "dedup_dropped": cache.dropped if cache is not None else None}
+
     def stats_from(self, answer: Callable) -> None:
         """answer((messages, consumers), error), here at once."""
         answer((self.message_count, self.consumer_count), None)
@@ -796,6 +838,8 @@ class Queue:
     def mark_deleted(self) -> list[Consumer]:
         """Forget every message; return the consumers to notify with basic.cancel."""
         self.deleted = True
+        if self.dedup is not None and self.store is not None:
+            self.store.forget_ids(self.store_id, self.dedup)
         for timer in (self._expiry_timer, self._unused_timer):
             if timer is not None:
                 timer.cancel()

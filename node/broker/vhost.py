@@ -16,6 +16,7 @@ from ..protocol.properties import decode_properties, encode_properties
 from ..protocol.replies import AMQPError, ReplyCode
 from .message import Message
 from .exchange import BindingArgumentError, Exchange, ExchangeType, route
+from .deduplication import check_args as check_dedup_args
 from .expiry import MAX_TTL_MS
 from .policy import Policy, winning
 from .priority import MAX_PRIORITY
@@ -490,6 +491,9 @@ def _validate_queue_args(what: str, arguments: dict, method, durable: bool, excl
     if arguments.get("x-dead-letter-routing-key") is not None and dlx is None:
         raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-routing-key' for {what}: "
                    "routing_key_but_no_dlx_defined", method)
+    refused = check_dedup_args(arguments)
+    if refused is not None:
+        raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg '{refused[0]}' for {what}: {refused[1]}", method)
     overflow = arguments.get("x-overflow")
     if isinstance(overflow, bytes):
         overflow = overflow.decode()

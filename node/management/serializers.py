@@ -63,6 +63,7 @@ def queue_row(vname: str, queue, node: str, sampler=None, mirroring: dict | None
         "messages_paged_out": len(getattr(queue, "tail", ())),
         "message_stats": message_stats(published, delivered, acked, rates),
         "exclusive_consumer_tag": None, "single_active_consumer_tag": None,
+        **getattr(queue, "dedup_stats", {}),
     }
     row.update(mirroring_fields(node, mirroring))
     return row

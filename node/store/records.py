@@ -17,17 +17,28 @@ HEADER_SIZE = HEADER.size
 ENQUEUE = 1     # a persistent message entered a durable queue
 DELIVER = 2     # it was delivered (so it comes back redelivered after a restart)
 ACK = 3         # it left the queue (acked, rejected, dropped, purged)
+DEDUP_IDS = 4   # a queue's deduplication ids as they stand (see below)
 
-# ENQUEUE payload: queue id, message id, flags, exchange, routing key, properties, body
+# ENQUEUE payload: queue id, message id, flags, [dedup id,] exchange, routing key, properties, body.
+# With FLAG_DEDUP the message's deduplication id follows the head: seen-at ms u64, length u16,
+# the id. Logs written before the flag existed read the same.
 _ENQ = struct.Struct(">IQB")
+_DEDUP = struct.Struct(">QH")
 _IDS = struct.Struct(">IQ")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
 FLAG_DELIVERED = 1
 FLAG_TRANSIENT = 2   # paged out under a long queue, not meant to survive a restart
+FLAG_DEDUP = 4       # carries the message's deduplication id
 
-CRC_SEEDS = {t: zlib.crc32(bytes((t,))) for t in (ENQUEUE, DELIVER, ACK)}   # the CRC of the type byte
+# DEDUP_IDS payload: queue id u32, flags u8, then (seen-at ms u64, length u16, id) oldest first.
+# With IDS_REPLACE the queue's ids are these from here on (a snapshot written before the
+# segments holding older ids are removed, or a mirror's reset); without it they are added.
+_IDSHEAD = struct.Struct(">IB")
+IDS_REPLACE = 1
+
+CRC_SEEDS = {t: zlib.crc32(bytes((t,))) for t in (ENQUEUE, DELIVER, ACK, DEDUP_IDS)}   # the CRC of the type byte
 ENQUEUE_HEAD = _ENQ                                                        # queue id, msg id, flags
 
 
@@ -37,11 +48,52 @@ def frame(rtype: int, payload: bytes) -> bytes:
 
 
 def enqueue(queue_id: int, msg_id: int, flags: int, exchange: bytes, routing_key: bytes,
-            props_raw: bytes, body: bytes) -> bytes:
-    """exchange and routing_key are AMQP shortstrs (length-prefixed)."""
-    payload = b"".join((_ENQ.pack(queue_id, msg_id, flags), exchange, routing_key,
-                        _U32.pack(len(props_raw)), props_raw, body))
+            props_raw: bytes, body: bytes, dedup: tuple[bytes, int] | None = None) -> bytes:
+    """exchange and routing_key are AMQP shortstrs (length-prefixed); dedup is (id, seen-at ms)."""
+    if dedup is None:
+        payload = b"".join((_ENQ.pack(queue_id, msg_id, flags), exchange, routing_key,
+                            _U32.pack(len(props_raw)), props_raw, body))
+    else:
+        key, at = dedup
+        payload = b"".join((_ENQ.pack(queue_id, msg_id, flags | FLAG_DEDUP), _DEDUP.pack(at, len(key)), key,
+                            exchange, routing_key, _U32.pack(len(props_raw)), props_raw, body))
     return frame(ENQUEUE, payload)
+
+
+def without_dedup(record: bytes) -> bytes:
+    """A framed ENQUEUE record flagged FLAG_DEDUP, framed again without its id."""
+    payload = memoryview(record)[HEADER_SIZE:]
+    queue_id, msg_id, flags = _ENQ.unpack_from(payload, 0)
+    skip = _ENQ.size + _DEDUP.size + _DEDUP.unpack_from(payload, _ENQ.size)[1]
+    return frame(ENQUEUE, _ENQ.pack(queue_id, msg_id, flags & ~FLAG_DEDUP) + bytes(payload[skip:]))
+
+
+def dedup_ids(queue_id: int, entries, replace: bool) -> bytes:
+    parts = [_IDSHEAD.pack(queue_id, IDS_REPLACE if replace else 0)]
+    for key, at in entries:
+        parts.append(_DEDUP.pack(at, len(key)))
+        parts.append(key)
+    return frame(DEDUP_IDS, b"".join(parts))
+
+
+def parse_dedup_ids(payload) -> tuple[int, bool, list[tuple[bytes, int]]]:
+    """queue id, replace, [(id, seen-at ms)]."""
+    queue_id, flags = _IDSHEAD.unpack_from(payload, 0)
+    pos, end, out = _IDSHEAD.size, len(payload), []
+    while pos < end:
+        at, n = _DEDUP.unpack_from(payload, pos)
+        pos += _DEDUP.size
+        out.append((bytes(payload[pos:pos + n]), at))
+        pos += n
+    return queue_id, bool(flags & IDS_REPLACE), out
+
+
+def parse_enqueue_dedup(payload, start: int = 0) -> tuple[bytes, int]:
+    """(id, seen-at ms) of an ENQUEUE payload (at `start` in a buffer) flagged FLAG_DEDUP."""
+    pos = start + _ENQ.size
+    at, n = _DEDUP.unpack_from(payload, pos)
+    pos += _DEDUP.size
+    return bytes(payload[pos:pos + n]), at
 
 
 def deliver(queue_id: int, msg_id: int) -> bytes:
@@ -90,6 +142,8 @@ def parse_enqueue(payload: bytes) -> tuple[int, int, int, str, str, bytes, bytes
     """queue id, message id, flags, exchange, routing key, properties, body."""
     queue_id, msg_id, flags = _ENQ.unpack_from(payload, 0)
     pos = _ENQ.size
+    if flags & FLAG_DEDUP:
+        pos += _DEDUP.size + _DEDUP.unpack_from(payload, pos)[1]
     n = payload[pos]
     exchange = payload[pos + 1:pos + 1 + n].decode()
     pos += 1 + n

@@ -18,6 +18,13 @@ with `read`. A segment is removed once none of its messages is live and
 every segment its ACK and DELIVER records refer to is gone (otherwise a
 restart would bring acked messages back); the oldest segment is compacted
 (its few live records copied to the head) when its live fraction is low.
+
+Deduplication ids (see node/broker/deduplication.py) outlive their messages:
+an ENQUEUE record carries its message's id, and recovery gathers every id in
+the log, acked or not. Before a segment holding ids is removed, the store
+writes a DEDUP_IDS record of every registered queue's ids as they stand
+(`keep_ids`) in the same batch, ahead of the removal: a queue's ids are in
+the log for as long as its cache holds them.
 """
 from __future__ import annotations
 
@@ -125,6 +132,11 @@ class MessageStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: SegmentWriter | None = None
         self.tasks = TaskGroup(f"store {node}")   # the periodic compaction
+        # deduplication ids: each queue's cache (its `entries()` are written before a segment
+        # holding ids goes), the segments holding ids, and the ids recovered at start
+        self.id_caches: dict[int, object] = {}
+        self.id_segments: set[int] = set()
+        self.recovered_ids: dict[int, dict[bytes, int]] = {}
         self._closed = False
 
     # ---- lifetime ----------------------------------------------------------------------
@@ -179,12 +191,16 @@ class MessageStore:
         return segment, offset
 
     def enqueue(self, queue_id: int, exchange_raw: bytes, routing_key_raw: bytes, props_raw: bytes,
-                body: bytes, delivered: bool = False, transient: bool = False) -> int:
+                body: bytes, delivered: bool = False, transient: bool = False,
+                dedup: tuple[bytes, int] | None = None) -> int:
+        """Log a message; `dedup` is its deduplication id and when the queue first saw it."""
         msg_id = self.next_msg_id
         self.next_msg_id += 1
         flags = (rec.FLAG_DELIVERED if delivered else 0) | (rec.FLAG_TRANSIENT if transient else 0)
-        record = rec.enqueue(queue_id, msg_id, flags, exchange_raw, routing_key_raw, props_raw, body)
+        record = rec.enqueue(queue_id, msg_id, flags, exchange_raw, routing_key_raw, props_raw, body, dedup)
         segment, offset = self._append(record)
+        if dedup is not None:
+            self.id_segments.add(segment)
         self.index[msg_id] = _pack(segment, offset, len(record), delivered)
         self.live[segment] += 1
         self.live_bytes[segment] += len(record)
@@ -217,6 +233,28 @@ class MessageStore:
         segment, _off = self._append(rec.acks(queue_id, live_ids))
         enq_segments.discard(segment)
         self.refs[segment].update(enq_segments)
+
+    # ---- deduplication ids ----------------------------------------------------------------------
+    def keep_ids(self, queue_id: int, cache) -> list[tuple[bytes, int]]:
+        """Register a queue's id cache (anything with `entries()`: [(id, seen-at ms)]) so its
+        ids are written again before the segments holding them go; returns the ids recovered
+        for that queue, oldest first (handed over once: the cache holds them from then on)."""
+        self.id_caches[queue_id] = cache
+        return list(self.recovered_ids.pop(queue_id, {}).items())
+
+    def forget_ids(self, queue_id: int, cache) -> None:
+        if self.id_caches.get(queue_id) is cache:
+            del self.id_caches[queue_id]
+        self.recovered_ids.pop(queue_id, None)
+
+    def save_ids(self, queue_id: int, entries, replace: bool) -> None:
+        """Log a queue's ids: all of them (replace) or more of them (a mirror's reset)."""
+        segment, _off = self._append(rec.dedup_ids(queue_id, entries, replace))
+        self.id_segments.add(segment)
+
+    def _rewrite_ids(self) -> None:
+        for queue_id, cache in list(self.id_caches.items()):
+            self.save_ids(queue_id, cache.entries(), True)
 
     def save_meta(self, build: Callable[[], bytes]) -> None:
         """Replace the metadata snapshot, in order with the records around it.
@@ -395,6 +433,11 @@ class MessageStore:
                 continue
             if any(ref in self.segments for ref in self.refs.get(segment, ())):
                 continue
+            if segment in self.id_segments:
+                # its ids go with it: write every queue's ids again first (same batch, so they
+                # are durable before the file is removed)
+                self.id_segments.discard(segment)
+                self._rewrite_ids()
             self.segments.discard(segment)
             self.live.pop(segment, None)
             self.live_bytes.pop(segment, None)
@@ -427,6 +470,12 @@ class MessageStore:
         for msg_id in moving:
             segment, offset, length, delivered = _unpack(self.index[msg_id])
             record = os.pread(self._read_fd(segment), length, offset)
+            if record[rec.HEADER_SIZE + 12] & rec.FLAG_DEDUP:
+                # The copy leaves the id out: the ids are written again (DEDUP_IDS) before the
+                # original's segment goes, and a copy must not bring back an id evicted since.
+                record = rec.without_dedup(record)
+                self.live_bytes[segment] += len(record) - length
+                length = len(record)
             new_segment, new_offset = self._append(record)
             self.index[msg_id] = _pack(new_segment, new_offset, length, delivered)
             self.live[segment] -= 1
@@ -517,7 +566,8 @@ class MessageStore:
         header, header_size = rec.HEADER.unpack_from, rec.HEADER_SIZE
         enqueue_head = rec.ENQUEUE_HEAD.unpack_from
         seeds, crc32 = rec.CRC_SEEDS, zlib.crc32
-        enqueue, deliver, transient = rec.ENQUEUE, rec.DELIVER, rec.FLAG_TRANSIENT
+        enqueue, deliver, ack, transient = rec.ENQUEUE, rec.DELIVER, rec.ACK, rec.FLAG_TRANSIENT
+        flag_dedup = rec.FLAG_DEDUP
         seg_bits = segment << 40
         pos = 0
         while pos + header_size <= size:
@@ -531,6 +581,9 @@ class MessageStore:
                 queue_id, msg_id, flags = enqueue_head(data, start)
                 if msg_id > max_id:
                     max_id = msg_id
+                if flags & flag_dedup:
+                    self._recover_id(queue_id, *rec.parse_enqueue_dedup(data, start))
+                    self.id_segments.add(segment)
                 if not flags & transient:
                     earlier = where.get(msg_id)
                     if earlier is not None and (earlier & LOC_MASK) >> 73 != segment:   # a copy made by compaction
@@ -544,14 +597,33 @@ class MessageStore:
                     where[msg_id] = hit | 1
                     if (hit & LOC_MASK) >> 73 != segment:
                         refs[segment].add((hit & LOC_MASK) >> 73)
-            else:
+            elif rtype == ack:
                 _queue_id, msg_ids = rec.parse_acks(view[start:end])
                 for msg_id in msg_ids:
                     hit = where.pop(msg_id, None)
                     if hit is not None and (hit & LOC_MASK) >> 73 != segment:
                         refs[segment].add((hit & LOC_MASK) >> 73)
+            else:
+                queue_id, replace, entries = rec.parse_dedup_ids(view[start:end])
+                if replace:
+                    self.recovered_ids[queue_id] = {}
+                for key, at in entries:
+                    self._recover_id(queue_id, key, at)
+                self.id_segments.add(segment)
             pos = end
         return pos, max_id
+
+    def _recover_id(self, queue_id: int, key: bytes, at: int) -> None:
+        """An id in log order. Seen again with another time (it had expired or been evicted
+        and came back) it is the newest; the same time is a copy made by compaction."""
+        ids = self.recovered_ids.get(queue_id)
+        if ids is None:
+            ids = self.recovered_ids[queue_id] = {}
+        before = ids.get(key)
+        if before != at:
+            if before is not None:
+                del ids[key]
+            ids[key] = at
 
     @staticmethod
     def _holds_no_record(path: Path) -> bool:

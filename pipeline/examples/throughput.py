@@ -9,6 +9,11 @@ format "haremq" publishes them into a fresh queue. Then both: queue -> Spark -> 
 partition per batch, as the source makes it). Reported: steady-state rows/s (batches
 after the first, from Spark's progress reports) and wall-clock rows/s including the first
 batch. The queues are deleted afterwards.
+
+Then the sink alone and queue -> Spark -> queue again, each with the sink's `deduplication`
+option off and on (input messages with a message_id, output queue declared with
+x-message-deduplication and an x-cache-size above `--rows`), printed side by side: what
+effectively-once output costs. `--skip-plain` leaves out the first three.
 """
 from __future__ import annotations
 
@@ -46,15 +51,13 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=100, help="message body size in bytes")
     ap.add_argument("--batch", type=int, default=10_000, help="rows per micro-batch")
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--skip-plain", action="store_true", help="only the deduplication off/on comparison")
     a = ap.parse_args(argv)
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
     from haremq.pipeline import register
-    from haremq.pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris
-
     from haremq.pipeline.session import use_this_python
 
     spark = (use_this_python(SparkSession.builder).master(a.master).appName("haremq-throughput")
@@ -64,6 +67,19 @@ def main(argv=None) -> int:
     register(spark)
     conn = pika.BlockingConnection(pika.URLParameters(a.uri.split(",")[0]))
     ch = conn.channel()
+
+    if not a.skip_plain:
+        _plain(spark, ch, a)
+    _deduplication(spark, ch, a)
+    conn.close()
+    spark.stop()
+    return 0
+
+
+def _plain(spark, ch, a) -> None:
+    from pyspark.sql import functions as F
+
+    from haremq.pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris
 
     # -- source alone
     src = f"bench.src.{uuid.uuid4().hex[:8]}"
@@ -111,9 +127,58 @@ def main(argv=None) -> int:
     q.stop()
     for name in (src, dst, mid):
         ch.queue_delete(name)
-    conn.close()
-    spark.stop()
-    return 0
+
+
+def _deduplication(spark, ch, a) -> None:
+    """The sink alone and queue -> Spark -> queue with the sink's deduplication off, then on."""
+    from pyspark.sql import functions as F
+
+    from haremq.pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris
+
+    body = b"x" * a.size
+    results = {}
+    for dedup in (False, True):
+        args = {"x-message-deduplication": True, "x-cache-size": 2 * a.rows} if dedup else {}
+        dst = f"bench.dd.{uuid.uuid4().hex[:8]}"
+        ch.queue_declare(dst, durable=True, arguments=args)
+        rows = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", str(a.batch))
+                .option("numPartitions", "2").load()
+                .select(F.lpad(F.col("value").cast("string"), a.size, "x").alias("body")))
+        q = (rows.writeStream.format("haremq").option("uri", a.uri).option("routingKey", dst)
+             .option("deduplication", str(dedup).lower())
+             .option("checkpointLocation", tempfile.mkdtemp()).start())
+        wall = _run_until(q, a.rows)
+        done = sum(p["numInputRows"] for p in q.recentProgress)
+        sink = (_progress_rate(q), done / wall)
+        q.stop()
+        ch.queue_delete(dst)
+
+        mid = f"bench.ddin.{uuid.uuid4().hex[:8]}"
+        dst = f"bench.dd.{uuid.uuid4().hex[:8]}"
+        ch.queue_declare(mid, durable=True)
+        ch.queue_declare(dst, durable=True, arguments=args)
+        ConfirmingPublisher(parse_uris(a.uri, "bench"), "").publish(
+            Outgoing(mid, body, pika.BasicProperties(delivery_mode=2, message_id=f"m-{i}")) for i in range(a.rows))
+        q = (spark.readStream.format("haremq").option("uri", a.uri).option("queue", mid)
+             .option("maxRowsPerBatch", str(a.batch)).load().select("body", "dedup_id")
+             .writeStream.format("haremq").option("uri", a.uri).option("routingKey", dst)
+             .option("deduplication", str(dedup).lower())
+             .option("checkpointLocation", tempfile.mkdtemp()).start())
+        wall = _run_until(q, a.rows)
+        relay = (_progress_rate(q), a.rows / wall)
+        q.stop()
+        n = ch.queue_declare(dst, passive=True).method.message_count
+        for name in (mid, dst):
+            ch.queue_delete(name)
+        results[dedup] = (sink, relay, n)
+    print(f"deduplication ({a.rows} rows of {a.size} B)      off                      on"
+          "                       cost (steady)")
+    for label, i in (("sink alone", 0), ("queue -> Spark -> queue", 1)):
+        off, on = results[False][i], results[True][i]
+        cost = 100.0 * (1 - on[0] / off[0]) if off[0] else 0.0
+        print(f"  {label:<25} {off[0]:>8,.0f} steady {off[1]:>7,.0f} wall   {on[0]:>8,.0f} steady "
+              f"{on[1]:>7,.0f} wall   {cost:+.0f}%")
+    print(f"  (queue -> Spark -> queue delivered {results[False][2]} messages off, {results[True][2]} on)")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ message_id property of each output message to the input's dedup_id, so a consume
 target queue can drop the duplicates that at-least-once delivery allows (after a crash, the
 batch in flight is delivered again). Runs until stopped; kill it at any point and start it
 again with the same --checkpoint: nothing is lost.
+
+With --deduplication the sink sends each row's dedup_id in the header x-deduplication-header;
+into a target queue declared with x-message-deduplication (and an x-cache-size at least what can
+be in flight across a restart) nothing arrives twice either.
 """
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ import os
 import sys
 
 
-def build(spark, uri: str, source: str, target: str, checkpoint: str, max_rows: int):
+def build(spark, uri: str, source: str, target: str, checkpoint: str, max_rows: int,
+          deduplication: bool = False):
     from pyspark.sql import functions as F
 
     from haremq.pipeline import register
@@ -31,9 +36,11 @@ def build(spark, uri: str, source: str, target: str, checkpoint: str, max_rows: 
         F.map_concat(F.col("headers"), F.create_map(F.lit("x-processed-by"), F.lit("spark"))).alias("headers"),
         F.struct(F.lit("text/plain").alias("content_type"),
                  F.col("dedup_id").alias("message_id")).alias("properties"),
+        F.col("dedup_id"),
     )
     return (out.writeStream.format("haremq")
             .option("uri", uri).option("exchange", "").option("routingKey", target)
+            .option("deduplication", str(deduplication).lower())
             .option("checkpointLocation", checkpoint)
             .queryName(f"haremq {source} -> {target}")
             .start())
@@ -47,6 +54,8 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint", required=True, help="Spark checkpoint directory")
     p.add_argument("--master", default=None, help="Spark master when not run by spark-submit (default local[2])")
     p.add_argument("--max-rows", type=int, default=10000, help="maxRowsPerBatch (default 10000)")
+    p.add_argument("--deduplication", action="store_true",
+                   help="publish each row's dedup_id for a deduplicating target queue (effectively once)")
     a = p.parse_args(argv)
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -60,7 +69,7 @@ def main(argv=None) -> int:
         builder = use_this_python(builder.master(a.master or "local[2]"))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    query = build(spark, a.uri, a.source, a.target, a.checkpoint, a.max_rows)
+    query = build(spark, a.uri, a.source, a.target, a.checkpoint, a.max_rows, a.deduplication)
     print(f"running: {a.source} -> {a.target}, checkpoint {a.checkpoint}", flush=True)
     query.awaitTermination()
     return 0
