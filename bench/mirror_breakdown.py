@@ -127,7 +127,7 @@ async def run(messages: int, size: int, workdir: Path):
                          "--apply-to", "queues")
         await wait_for(lambda: _declared(master.amqp), 30, "the queue")
         await wait_for(lambda: _synced(members, set(), 2), 30, "mirrors in sync")
-        await asyncio.sleep(1)
+        await asyncio.sleep(5)   # a new store zero-fills its first segment while idle, about a second
         client = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT.replace("breakdown", QUEUE),
                                                       str(master.amqp), str(messages), str(size),
                                                       stdout=subprocess.PIPE)
@@ -167,13 +167,15 @@ def breakdown(client_times: list, marks: dict) -> dict[str, list[float]]:
         for times in node_marks.values():
             times.sort()
     master, mirrors = marks["hare1"], [marks["hare2"], marks["hare3"]]
-    steps: dict[str, list[float]] = {name: [] for name in STEPS + ["master's own sync"]}
+    steps: dict[str, list[float]] = {name: [] for name in STEPS + ["master's own sync", "  of which to its writer",
+                                                                      "  of which write + fdatasync"]}
     skip = len(client_times) // 10
     for sent, acked in client_times[skip:]:
         arrived = after(master["arrived"], sent)
         logged = after(master["logged"], arrived)
         to_stream = after(master["to stream"], logged)
-        synced = after(master["sync end"], logged)
+        sync_started = after(master["sync start"], logged)
+        synced = after(master["sync end"], sync_started) if sync_started is not None else None
         legs = []
         for mirror in mirrors:
             applied = after(mirror["applied"], to_stream)
@@ -190,6 +192,8 @@ def breakdown(client_times: list, marks: dict) -> dict[str, list[float]]:
         for name, a, b in zip(STEPS, points, points[1:]):
             steps[name].append((b - a) / 1000)
         steps["master's own sync"].append((synced - logged) / 1000)
+        steps["  of which to its writer"].append((sync_started - logged) / 1000)
+        steps["  of which write + fdatasync"].append((synced - sync_started) / 1000)
     return steps
 
 
