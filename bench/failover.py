@@ -98,6 +98,22 @@ class Member:
         return json.loads(out)
 
 
+def three_members(workdir: Path, failure_timeout: float, member=Member) -> dict[str, Member]:
+    """hare1..hare3 on free ports, each with the other two as peers (not started yet)."""
+    (workdir / "secret").write_text(SECRET)
+    amqp = {n: free_port() for n in NAMES}
+    cport = {n: free_port() for n in NAMES}
+    return {n: member(n, workdir / n, amqp[n], cport[n], {p: f"127.0.0.1:{cport[p]}" for p in NAMES if p != n},
+                      failure_timeout)
+            for n in NAMES}
+
+
+async def mirror_ha_queues(member: Member) -> None:
+    """A policy mirroring every queue named ha.* on all nodes, synchronised automatically."""
+    await member.ctl("set-policy", "ha", r"^ha\.", json.dumps({"ha-mode": "all", "ha-sync-mode": "automatic"}),
+                     "--apply-to", "queues")
+
+
 async def wait_for(pred, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while True:
@@ -246,19 +262,13 @@ async def roles(members: dict[str, Member], dead: set[str]) -> tuple[str, str, l
 async def run(args) -> dict:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="haremq-failover-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "secret").write_text(SECRET)
-    amqp = {n: free_port() for n in NAMES}
-    cport = {n: free_port() for n in NAMES}
-    members = {n: Member(n, workdir / n, amqp[n], cport[n],
-                         {p: f"127.0.0.1:{cport[p]}" for p in NAMES if p != n}, args.failure_timeout)
-               for n in NAMES}
+    members = three_members(workdir, args.failure_timeout)
     for m in members.values():
         m.start()
     try:
         await wait_for(lambda: _all_open(members), 60, "every node to serve AMQP")
         hare1 = members["hare1"]
-        await hare1.ctl("set-policy", "ha", r"^ha\.", json.dumps({"ha-mode": "all", "ha-sync-mode": "automatic"}),
-                        "--apply-to", "queues")
+        await mirror_ha_queues(hare1)
         conn = await aio_pika.connect(hare1.url)
         ch = await conn.channel()
         await ch.declare_queue(QUEUE, durable=True)

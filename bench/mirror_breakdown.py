@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from .confirm_breakdown import CLIENT, wrap
-from .failover import NAMES, SECRET, Member, free_port, wait_for, _all_open, _synced
+from .failover import Member, mirror_ha_queues, three_members, wait_for, _all_open, _synced
 
 now = time.perf_counter_ns
 QUEUE = "ha.scale"        # bench/failover's policy pattern (^ha\.) makes it mirrored on all
@@ -113,18 +113,13 @@ class MarkedMember(Member):
 
 
 async def run(messages: int, size: int, workdir: Path):
-    (workdir / "secret").write_text(SECRET)
-    amqp = {n: free_port() for n in NAMES}
-    cport = {n: free_port() for n in NAMES}
-    members = {n: MarkedMember(n, workdir / n, amqp[n], cport[n],
-                               {p: f"127.0.0.1:{cport[p]}" for p in NAMES if p != n}, 3.0) for n in NAMES}
+    members = three_members(workdir, 3.0, MarkedMember)
     for m in members.values():
         m.start()
     try:
         await wait_for(lambda: _all_open(members), 60, "every node to serve AMQP")
         master = members["hare1"]
-        await master.ctl("set-policy", "ha", r"^ha\.", json.dumps({"ha-mode": "all", "ha-sync-mode": "automatic"}),
-                         "--apply-to", "queues")
+        await mirror_ha_queues(master)
         await wait_for(lambda: _declared(master.amqp), 30, "the queue")
         await wait_for(lambda: _synced(members, set(), 2), 30, "mirrors in sync")
         await asyncio.sleep(5)   # a new store zero-fills its first segment while idle, about a second

@@ -193,3 +193,18 @@ def test_publish_template_frames(size):
     bodies = [n for f, n in frames[2:]]
     assert all(f == 3 for f, _ in frames[2:]) and sum(bodies) == size
     assert all(n <= 4096 - 8 for n in bodies)
+
+
+@pytest.mark.skipif(REF_PORT is not None, reason="times HareMQ's own steps")
+@pytest.mark.parametrize("tool, steps", [
+    ("confirm_breakdown", ["client -> node", "write + fdatasync", "node -> client"]),
+    ("mirror_breakdown", ["master -> mirror", "mirror: sync", "master's own sync"]),
+])
+def test_breakdown_tools_time_every_step(tool, steps):
+    # the benches wrap the node's own functions: a rename there must not leave them broken
+    r = subprocess.run([sys.executable, "-m", f"haremq.bench.{tool}", "--messages", "200"],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = {line.split("  ")[0].strip() for line in r.stdout.splitlines()}
+    for step in steps + ["round trip"]:
+        assert step in table, r.stdout
