@@ -30,19 +30,16 @@ import argparse
 import asyncio
 import atexit
 import json
-import os
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from .confirm_breakdown import CLIENT, wrap
+from .confirm_breakdown import CLIENT, now, wrap
 from .failover import Member, mirror_ha_queues, three_members, wait_for, _all_open, _synced
 
-now = time.perf_counter_ns
 QUEUE = "ha.scale"        # bench/failover's policy pattern (^ha\.) makes it mirrored on all
 
 STEPS = ["client -> master", "parse, route, log", "to the stream", "master -> mirror",

@@ -22,7 +22,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from ..protocol.properties import PropertyView, decode_properties
+from ..protocol.properties import decode_properties
+from ..protocol.replies import AMQPError, ReplyCode
 
 HEADER = "x-deduplication-header"
 
@@ -34,13 +35,16 @@ def now_ms() -> int:
 def message_key(props_raw: bytes) -> bytes | None:
     """The id of a message from its raw properties: the header, else message_id, else None.
     Read here, for deduplicating queues only, not on every publish's path."""
-    value = PropertyView(props_raw).headers().get(HEADER)
+    try:
+        props = decode_properties(props_raw)
+    except Exception:  # noqa: BLE001 - the publish path parsed all but the table: a bad table
+        raise AMQPError(ReplyCode.SYNTAX_ERROR, "malformed headers table") from None
+    value = (props.headers or {}).get(HEADER)
     if value is not None:
         if isinstance(value, bytes):
             return value
         return (value if isinstance(value, str) else repr(value)).encode()
-    message_id = decode_properties(props_raw).message_id
-    return message_id.encode() if message_id else None
+    return props.message_id.encode() if props.message_id else None
 
 
 def settings(enabled, size, ttl) -> tuple[int, int | None] | None:

@@ -254,18 +254,7 @@ class Queue:
                 self._fresh = None
             self.drop_expired()            # ttl 0: what no consumer took at once is gone
         elif self.consumers:
-            consumers = self.consumers
-            if len(consumers) == 1 and len(self.ready) == 1 and not self.tail and not self._dispatching \
-                    and not self.single_active and self._groups is None:
-                # dispatch() for its commonest case: the one message ready, one consumer
-                consumer = consumers[0]
-                if consumer.can_take():
-                    entry = self.ready.pop()
-                    self.ready_bytes -= len(message.body)
-                    self._delivered(entry, consumer.no_ack)
-                    consumer.channel.deliver(consumer, entry)
-            else:
-                self.dispatch()
+            self.dispatch()
         return outcome
 
     def publish_from(self, channel, message: Message, seq: int) -> None:
@@ -694,12 +683,22 @@ class Queue:
         if self.single_active or self._groups is not None:
             self._dispatch_selected()
             return
+        ready = self.ready
+        consumers = self.consumers
+        if len(ready) == 1 and len(consumers) == 1 and not self.tail and not ready[0].expires:
+            # the commonest case, without the loop: one message ready (just published), one consumer
+            consumer = consumers[0]
+            if consumer.can_take():
+                entry = ready.popleft()
+                self.ready_bytes -= len(entry.message.body)
+                self._delivered(entry, consumer.no_ack)
+                consumer.channel.deliver(consumer, entry)
+            return
         self._dispatching = True
         try:
             if self.tail and len(self.ready) < HEAD_LIMIT // 2:
                 self._page_in()
             ready = self.ready
-            consumers = self.consumers
             expiring = self.expiring
             while consumers and (ready or (self.tail and self._page_in())):
                 for _ in range(len(consumers)):

@@ -60,11 +60,18 @@ def enqueue(queue_id: int, msg_id: int, flags: int, exchange: bytes, routing_key
     return frame(ENQUEUE, payload)
 
 
+def _dedup_field(payload, pos: int) -> tuple[bytes, int, int]:
+    """The deduplication id at `pos` of an ENQUEUE payload: (id, seen-at ms, where it ends)."""
+    at, n = _DEDUP.unpack_from(payload, pos)
+    pos += _DEDUP.size
+    return bytes(payload[pos:pos + n]), at, pos + n
+
+
 def without_dedup(record: bytes) -> bytes:
     """A framed ENQUEUE record flagged FLAG_DEDUP, framed again without its id."""
     payload = memoryview(record)[HEADER_SIZE:]
     queue_id, msg_id, flags = _ENQ.unpack_from(payload, 0)
-    skip = _ENQ.size + _DEDUP.size + _DEDUP.unpack_from(payload, _ENQ.size)[1]
+    skip = _dedup_field(payload, _ENQ.size)[2]
     return frame(ENQUEUE, _ENQ.pack(queue_id, msg_id, flags & ~FLAG_DEDUP) + bytes(payload[skip:]))
 
 
@@ -90,10 +97,8 @@ def parse_dedup_ids(payload) -> tuple[int, bool, list[tuple[bytes, int]]]:
 
 def parse_enqueue_dedup(payload, start: int = 0) -> tuple[bytes, int]:
     """(id, seen-at ms) of an ENQUEUE payload (at `start` in a buffer) flagged FLAG_DEDUP."""
-    pos = start + _ENQ.size
-    at, n = _DEDUP.unpack_from(payload, pos)
-    pos += _DEDUP.size
-    return bytes(payload[pos:pos + n]), at
+    key, at, _end = _dedup_field(payload, start + _ENQ.size)
+    return key, at
 
 
 def deliver(queue_id: int, msg_id: int) -> bytes:
@@ -143,7 +148,7 @@ def parse_enqueue(payload: bytes) -> tuple[int, int, int, str, str, bytes, bytes
     queue_id, msg_id, flags = _ENQ.unpack_from(payload, 0)
     pos = _ENQ.size
     if flags & FLAG_DEDUP:
-        pos += _DEDUP.size + _DEDUP.unpack_from(payload, pos)[1]
+        pos = _dedup_field(payload, pos)[2]
     n = payload[pos]
     exchange = payload[pos + 1:pos + 1 + n].decode()
     pos += 1 + n

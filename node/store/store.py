@@ -428,6 +428,7 @@ class MessageStore:
     # ---- space ----------------------------------------------------------------------------------
     def _remove_dead_segments(self) -> None:
         current = self.segment
+        ids_rewritten = False
         for segment in sorted(self.segments):
             if segment == current or self.live.get(segment, 0) > 0:
                 continue
@@ -435,9 +436,11 @@ class MessageStore:
                 continue
             if segment in self.id_segments:
                 # its ids go with it: write every queue's ids again first (same batch, so they
-                # are durable before the file is removed)
+                # are durable before the file is removed), once for all the segments going now
                 self.id_segments.discard(segment)
-                self._rewrite_ids()
+                if not ids_rewritten:
+                    self._rewrite_ids()
+                    ids_rewritten = True
             self.segments.discard(segment)
             self.live.pop(segment, None)
             self.live_bytes.pop(segment, None)
