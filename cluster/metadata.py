@@ -83,6 +83,8 @@ class MetadataMachine:
         return bind(self.broker, c)
 
     def _queue_declare(self, index, c):
+        """The proposer named the queue and refused a reserved name already (an `amq.gen-` name
+        is its own choice): every node takes the name as it is on the log."""
         vhost = self._vhost_named(c.vhost)
         owner = self._owner(c.owner)
         name = c.name
@@ -90,12 +92,13 @@ class MetadataMachine:
         existing = vhost.queues.get(name)
         if existing is not None:
             queue = vhost.declare_queue(name, False, c.durable, c.exclusive, c.auto_delete, arguments,
-                                        owner, _method(c.method_index))
+                                        owner, _method(c.method_index), server_named=True)
             return {"queue": queue.name, "home": getattr(queue, "home", self.node)}
         logged = c.durable and not c.exclusive
         if c.home == self.node:
             queue = vhost.declare_queue(name, False, c.durable, c.exclusive, c.auto_delete, arguments,
-                                        owner, _method(c.method_index), store_id=index if logged else 0)
+                                        owner, _method(c.method_index), server_named=True,
+                                        store_id=index if logged else 0)
             if logged and index in self.recovered:
                 queue.restore(self.recovered.pop(index))
         else:
