@@ -66,6 +66,7 @@ class ClusterNode:
         self._join: asyncio.Future | None = None
         self.metadata.on_removed = self._removed
         self.membership.on_removed = self._removed
+        self.raft.on_failure = self._raft_failed
         self.on_removed: Callable[[str], None] | None = None   # set by the node: stop with this reason
         self.replies = ReplyForwarder(self.membership)
         self._server: grpc.aio.Server | None = None
@@ -158,6 +159,12 @@ class ClusterNode:
         if self.on_removed is not None:
             reason = ("this node was removed from the cluster (haremq ctl forget-node"
                       + (f", as {told_by} says" if told_by else "") + "); start it on an empty data dir to join again")
+            self.on_removed(reason)
+            self.on_removed = None
+
+    def _raft_failed(self, reason: str) -> None:
+        """Raft could not write its log or vote (fail-stop, cluster/raft.py): the node stops."""
+        if self.on_removed is not None:
             self.on_removed(reason)
             self.on_removed = None
 

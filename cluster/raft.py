@@ -20,7 +20,12 @@ that cannot see a majority any more steps down (check-quorum).
 
 The log and the vote live in DATA_DIR/raft: `state.json` (term, vote) and
 `log.jsonl` (one entry per line), appended and fsynced off the event loop
-before a vote or an append is answered.
+before a vote or an append is answered. A write or fsync that fails stops
+this node's Raft for good (fail-stop): the log in memory is then ahead of
+the log on disk, and answering from it would promise what a restart loses
+(a retried append found "already held", a commit counted on our own copy).
+Nothing is answered, sent or applied after it, and the node is stopped
+(`on_failure`) with the reason, to be started again once the disk is fixed.
 
 This module is the shell. The consensus state and its transitions are
 cluster/raft_machine.py's RaftMachine, pure (time passed in, messages and
@@ -48,10 +53,15 @@ from .raft_messages import AppendReply, AppendRequest, Entry, Ready, VoteReply, 
 from .raft_storage import RaftStorage
 from .rpc import cluster_pb2 as pb
 
-__all__ = ["ELECTION_MIN", "HEARTBEAT", "NotLeader", "PROPOSE_TIMEOUT", "Raft", "RaftStorage"]
+__all__ = ["ELECTION_MIN", "HEARTBEAT", "NotLeader", "PROPOSE_TIMEOUT", "Raft", "RaftStorage", "StorageFailed"]
 
 PROPOSE_TIMEOUT = 10.0
 APPEND_TIMEOUT = 1.0
+
+
+class StorageFailed(NotLeader):
+    """This node's Raft storage failed: it takes no part any more (a NotLeader to a proposer,
+    who is told the metadata is not available through this node)."""
 
 
 class Raft:
@@ -67,6 +77,8 @@ class Raft:
         self._waiters: dict[int, asyncio.Future] = {}
         self._io = asyncio.Lock()       # one step's writes, applying and sending at a time, in order
         self._tasks = TaskGroup(f"raft {name}")     # the timer, one task per call to a peer
+        self.failed: str | None = None  # why a write of term, vote or log failed: nothing is answered since
+        self.on_failure: Callable[[str], None] | None = None   # set by the node: stop with this reason
 
     role = property(lambda self: self.machine.role)
     leader = property(lambda self: self.machine.leader)
@@ -76,7 +88,10 @@ class Raft:
 
     # ---- lifetime -----------------------------------------------------------------------
     async def start(self) -> None:
-        await self._carry_out(self.machine.start(time.monotonic()))
+        try:
+            await self._carry_out(self.machine.start(time.monotonic()))
+        except StorageFailed:
+            return           # no timer: on_failure has the node stop
         self._tasks.spawn(self._run())
 
     async def stop(self) -> None:
@@ -90,6 +105,8 @@ class Raft:
                 await self._carry_out(self.machine.tick(time.monotonic()))
             except asyncio.CancelledError:
                 raise
+            except StorageFailed:
+                return
             except Exception:  # noqa: BLE001 - keep the consensus loop alive whatever one round did
                 self.log.exception("raft round failed")
 
@@ -99,9 +116,11 @@ class Raft:
 
     def member_added(self, name: str) -> None:
         """A member joined (member.add applied): the leader sends it the log from the start."""
+        if self.failed is not None:
+            return
         ready = self.machine.member_added(name, time.monotonic())
         if ready.messages:
-            self._tasks.spawn(self._carry_out(ready))
+            self._tasks.spawn(self._carry_out_quietly(ready))
 
     # ---- carrying out what the machine asks ----------------------------------------------------
     async def _carry_out(self, ready: Ready) -> list:
@@ -110,10 +129,16 @@ class Raft:
         if ready.leadership_lost:
             self._fail_waiters("leadership lost")
         async with self._io:
-            if ready.hard_state is not None:
-                await asyncio.to_thread(self.storage.save_state, *ready.hard_state)
-            for write in ready.log_writes:
-                await asyncio.to_thread(self.storage.write, write)
+            # Checked under the lock: a step taken before an earlier step's write failed is
+            # carried out after it, and may promise what that write was to make durable.
+            self._check_storage()
+            try:
+                if ready.hard_state is not None:
+                    await asyncio.to_thread(self.storage.save_state, *ready.hard_state)
+                for write in ready.log_writes:
+                    await asyncio.to_thread(self.storage.write, write)
+            except Exception as exc:  # noqa: BLE001 - whatever it was, memory and disk now differ
+                self._storage_failed(exc)
             self._apply(ready.committed)
         replies = []
         for message in ready.messages:
@@ -122,6 +147,29 @@ class Raft:
             else:
                 self._tasks.spawn(self._call(message))
         return replies
+
+    async def _carry_out_quietly(self, ready: Ready) -> None:
+        """_carry_out for a step nobody waits on: after a storage failure it is dropped."""
+        try:
+            await self._carry_out(ready)
+        except StorageFailed:
+            pass
+
+    def _check_storage(self) -> None:
+        if self.failed is not None:
+            raise StorageFailed(f"raft storage failed: {self.failed}")
+
+    def _storage_failed(self, exc: BaseException) -> None:
+        """Fail-stop: log it, refuse every waiting proposal, have the node stop, and raise."""
+        reason = f"{type(exc).__name__}: {exc}"
+        self.failed = reason
+        self.log.error("raft storage failed: stopping the node", error=str(exc),
+                       errno=getattr(exc, "errno", None), directory=str(self.storage.directory),
+                       term=self.machine.term, last_index=self.machine.persistent.last_index)
+        self._fail_waiters("raft storage failed")
+        if self.on_failure is not None:
+            self.on_failure(f"raft storage failed in {self.storage.directory}: {reason}")
+        raise StorageFailed(f"raft storage failed: {reason}") from exc
 
     async def _call(self, request: VoteRequest | AppendRequest) -> None:
         """One request to a peer; its answer (or that there was none) goes back to the machine."""
@@ -148,10 +196,11 @@ class Raft:
         else:
             ready = self.machine.on_append_reply(
                 request, AppendReply(request.to, answer.term, answer.success, answer.match_index), now)
-        await self._carry_out(ready)
+        await self._carry_out_quietly(ready)
 
     # ---- answering peers ------------------------------------------------------------------------
     async def on_request_vote(self, request) -> pb.VoteReply:
+        self._check_storage()
         vote = VoteRequest(self.name, request.term, request.candidate, request.last_log_index,
                            request.last_log_term, request.pre_vote)
         reachable = True
@@ -162,6 +211,7 @@ class Raft:
         return pb.VoteReply(term=reply.term, granted=reply.granted)
 
     async def on_append_entries(self, request) -> pb.AppendReply:
+        self._check_storage()
         append = AppendRequest(self.name, request.term, request.leader, request.prev_log_index,
                                request.prev_log_term,
                                tuple(Entry(e.index, e.term, bytes(e.command)) for e in request.entries),
@@ -182,10 +232,16 @@ class Raft:
 
     async def _lead(self, data: bytes) -> tuple[int, object]:
         """As the leader: append, replicate, commit, apply here; (index, result of applying)."""
+        self._check_storage()
         future = asyncio.get_running_loop().create_future()
         index, ready = self.machine.propose(data, time.monotonic())
         self._waiters[index] = future      # before the write: a reply may commit it meanwhile
-        await self._carry_out(ready)
+        try:
+            await self._carry_out(ready)
+        except StorageFailed:
+            if future.done():
+                future.exception()         # refused with the rest: the failure is raised here instead
+            raise
         result = await asyncio.wait_for(future, PROPOSE_TIMEOUT)
         await self._followers_applied(index)
         return index, result
@@ -199,9 +255,12 @@ class Raft:
         data = json.dumps(command).encode()
         deadline = time.monotonic() + PROPOSE_TIMEOUT
         while True:
+            self._check_storage()
             if self.role == "leader":
                 try:
                     return (await self._lead(data))[1]
+                except StorageFailed:
+                    raise
                 except NotLeader:
                     if time.monotonic() > deadline or not forward_if_deposed:
                         raise

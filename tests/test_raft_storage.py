@@ -1,0 +1,131 @@
+"""Raft's durable state (cluster/raft_storage.py) and what the shell (cluster/raft.py) does
+when writing it fails: nothing is promised that is not on disk.
+
+In-process, without sockets: the shell is driven through the handlers the gRPC service
+calls, with a membership that does not change.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+
+import pytest
+
+from haremq.cluster.raft import Raft, RaftStorage, StorageFailed
+from haremq.cluster.rpc import cluster_pb2 as pb
+
+
+class Members:
+    """A membership view that does not change: every peer up."""
+
+    def __init__(self, name, peers):
+        self.name = name
+        self.peers = {p: object() for p in peers}
+
+    size = property(lambda self: len(self.peers) + 1)
+    has_majority = True
+
+    def is_up(self, name):
+        return True
+
+    def up_members(self):
+        return [self.name, *sorted(self.peers)]
+
+    def metadata(self):
+        return ()
+
+
+class FullDisk(RaftStorage):
+    """Appends to the log fail with ENOSPC once `full` is set (term and vote still save)."""
+
+    full = False
+
+    def write(self, write):
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write(write)
+
+
+def entry(index, term, op="x"):
+    return pb.LogEntry(index=index, term=term, command=json.dumps({"op": op}).encode())
+
+
+async def answer(call):
+    """The reply a handler sent, or None if the call failed (the caller hears no answer)."""
+    try:
+        return await call
+    except Exception:  # noqa: BLE001 - any failure is "no answer" to the caller
+        return None
+
+
+def test_a_follower_whose_log_write_fails_acknowledges_nothing_after_it(tmp_path):
+    async def scenario():
+        storage = FullDisk(tmp_path / "raft")
+        failures = []
+        raft = Raft("hare2", Members("hare2", ["hare1", "hare3"]), storage, lambda i, c: None)
+        raft.on_failure = failures.append
+        ok = await raft.on_append_entries(pb.AppendRequest(term=1, leader="hare1", prev_log_index=0,
+                                                           entries=[entry(1, 1)], leader_commit=0))
+        assert ok.success and ok.match_index == 1
+        storage.full = True
+        append = pb.AppendRequest(term=1, leader="hare1", prev_log_index=1, prev_log_term=1,
+                                  entries=[entry(2, 1), entry(3, 1)], leader_commit=1)
+        replies = [await answer(raft.on_append_entries(append))]
+        # the leader retries (its call failed): the entries are in memory, not on disk
+        replies.append(await answer(raft.on_append_entries(append)))
+        # nor is anything else answered: an empty append, a vote
+        replies.append(await answer(raft.on_append_entries(pb.AppendRequest(
+            term=1, leader="hare1", prev_log_index=3, prev_log_term=1, leader_commit=1))))
+        vote = await answer(raft.on_request_vote(pb.VoteRequest(term=2, candidate="hare3", last_log_index=3,
+                                                                last_log_term=1)))
+        return storage, raft, replies, vote, failures
+
+    storage, raft, replies, vote, failures = asyncio.run(scenario())
+    assert not any(r is not None and r.success for r in replies), replies
+    assert vote is None or not vote.granted
+    assert raft.failed and "No space left on device" in raft.failed
+    assert len(failures) == 1 and "No space left on device" in failures[0]    # the node is stopped once
+    assert RaftStorage(tmp_path / "raft").entries == [(1, b'{"op": "x"}')]
+
+
+def test_a_leader_whose_log_write_fails_commits_and_applies_nothing_after_it(tmp_path):
+    # A cluster of one commits on its own write: a write that failed must not count, and the
+    # next proposal (whose write would succeed) must not commit the lost one with it.
+    async def scenario():
+        storage = FullDisk(tmp_path / "raft")
+        applied, failures = [], []
+        raft = Raft("hare1", Members("hare1", []), storage, lambda i, c: applied.append((i, json.loads(c))))
+        raft.on_failure = failures.append
+        await raft.start()
+        try:
+            await raft.propose({"op": "first"})
+            storage.full = True
+            with pytest.raises(StorageFailed):
+                await raft.propose({"op": "lost"})
+            storage.full = False          # the disk has room again: too late, the node is stopping
+            with pytest.raises(StorageFailed):
+                await raft.propose({"op": "after"})
+        finally:
+            await raft.stop()
+        return applied, failures
+
+    applied, failures = asyncio.run(scenario())
+    assert [c["op"] for _i, c in applied] == ["noop", "first"]
+    assert len(failures) == 1
+    assert [json.loads(c)["op"] for _t, c in RaftStorage(tmp_path / "raft").entries] == ["noop", "first"]
+
+
+def test_a_failed_vote_write_gives_no_vote(tmp_path):
+    class NoState(RaftStorage):
+        def save_state(self, term, voted_for):
+            raise OSError(errno.EIO, "Input/output error")
+
+    async def scenario():
+        raft = Raft("hare2", Members("hare2", ["hare1", "hare3"]), NoState(tmp_path / "raft"), lambda i, c: None)
+        ask = pb.VoteRequest(term=2, candidate="hare3")
+        return [await answer(raft.on_request_vote(ask)) for _ in range(2)], raft
+
+    replies, raft = asyncio.run(scenario())
+    assert all(r is None or not r.granted for r in replies)
+    assert "Input/output error" in raft.failed
