@@ -55,7 +55,7 @@ class ClusterNode:
         self.control = Control(self)
         self.metadata = MetadataMachine(name, broker, lambda n: self.membership.peers.get(n),
                                         self.membership.metadata, self.membership.is_up)
-        self.raft = Raft(name, self.membership, RaftStorage(Path(data_dir) / "raft"), self.metadata.apply)
+        self.raft = Raft(name, self.membership, RaftStorage(Path(data_dir) / "raft", name), self.metadata.apply)
         self.mirroring = Mirroring(self)
         self.metadata.mirroring = self.mirroring
         self.metadata.on_home_lost = self.membership.probe

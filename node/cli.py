@@ -67,11 +67,15 @@ def cluster_side(node: Node) -> ClusterSide:
     listener exist: it takes the queues the store recovered, and stops the node when the
     cluster forgets it."""
     from haremq.cluster.node import ClusterConfig, ClusterNode
+    from haremq.cluster.raft_storage import RaftStorageError
     config = node.config
-    cluster = ClusterNode(config.name, ClusterConfig(
-        port=config.cluster_port, bind=config.bind, peers=dict(config.peers), secret=config.cluster_secret,
-        failure_timeout=config.failure_timeout, tls=config.cluster_tls, advertise=config.advertise),
-        node.broker, node.amqp, config.data_dir)
+    try:
+        cluster = ClusterNode(config.name, ClusterConfig(
+            port=config.cluster_port, bind=config.bind, peers=dict(config.peers), secret=config.cluster_secret,
+            failure_timeout=config.failure_timeout, tls=config.cluster_tls, advertise=config.advertise),
+            node.broker, node.amqp, config.data_dir)
+    except RaftStorageError as exc:     # the cluster's log on disk is damaged: say so, in one line
+        raise NodeError(str(exc)) from None
     cluster.metadata.recovered = dict(node.recovered_queues)
     cluster.on_removed = node.fail
     return cluster

@@ -13,6 +13,8 @@ import json
 import pytest
 
 from haremq.cluster.raft import Raft, RaftStorage, StorageFailed
+from haremq.cluster.raft_messages import LogWrite
+from haremq.cluster.raft_storage import RaftStorageError
 from haremq.cluster.rpc import cluster_pb2 as pb
 
 
@@ -129,3 +131,51 @@ def test_a_failed_vote_write_gives_no_vote(tmp_path):
     replies, raft = asyncio.run(scenario())
     assert all(r is None or not r.granted for r in replies)
     assert "Input/output error" in raft.failed
+
+
+# ---- loading the log -----------------------------------------------------------------------------
+def line(index, term=1, op="x"):
+    return json.dumps({"i": index, "t": term, "c": json.dumps({"op": op})}) + "\n"
+
+
+def written(directory, *lines, tail=""):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "log.jsonl").write_text("".join(lines) + tail)
+    return directory / "log.jsonl"
+
+
+def test_a_torn_last_line_is_cut_off_so_the_next_append_survives_a_restart(tmp_path):
+    path = written(tmp_path / "raft", line(1), line(2), tail='{"i": 3, "t": 1, "c": "{\\"op')
+    storage = RaftStorage(tmp_path / "raft")
+    assert [json.loads(c)["op"] for _t, c in storage.entries] == ["x", "x"]
+    assert path.read_text() == line(1) + line(2)          # the torn bytes are gone from the file
+    storage.write(LogWrite(3, ((1, b'{"op": "three"}'),)))
+    again = RaftStorage(tmp_path / "raft")
+    assert again.last_index == 3 and again.entries[2] == (1, b'{"op": "three"}')
+
+
+def test_a_whole_last_line_that_does_not_parse_is_cut_off_too(tmp_path):
+    # an append cut short where the file's length was updated but its data never written
+    path = written(tmp_path / "raft", line(1), "\x00" * 40 + "\n")
+    assert RaftStorage(tmp_path / "raft").last_index == 1
+    assert path.read_text() == line(1)
+
+
+def test_a_missing_entry_refuses_to_load_rather_than_shift_later_ones(tmp_path):
+    written(tmp_path / "raft", line(1), line(2), line(4))
+    with pytest.raises(RaftStorageError, match="entry 4 after entry 2"):
+        RaftStorage(tmp_path / "raft")
+
+
+def test_a_damaged_line_with_entries_after_it_refuses_to_load(tmp_path):
+    path = written(tmp_path / "raft", line(1), '{"i": 2, "t": 1, "c": garbage\n', line(3))
+    before = path.read_bytes()
+    with pytest.raises(RaftStorageError, match="line 2"):
+        RaftStorage(tmp_path / "raft")
+    assert path.read_bytes() == before                   # nothing is cut off a damaged log
+
+
+def test_an_index_seen_again_replaces_the_suffix_from_there(tmp_path):
+    written(tmp_path / "raft", line(1), line(2), line(3), line(2, term=2, op="y"))
+    storage = RaftStorage(tmp_path / "raft")
+    assert storage.entries == [(1, b'{"op": "x"}'), (2, b'{"op": "y"}')]
