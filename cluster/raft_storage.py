@@ -7,6 +7,11 @@ from there; the Raft machine changes it in memory and asks for each change
 to be written, and the shell (cluster/raft.py) has these writes done off the
 event loop before it sends what depends on them.
 
+A file created or renamed into place is only there after a power loss once
+its directory is synced too: without that, a vote given (state.json renamed,
+the reply sent) could be forgotten and given again in the same term. So the
+directory is synced after each rename and after the log file is created.
+
 Loading checks the log as it reads it. Each line carries its index, which
 must be at most one past the entries read so far (an index seen again
 replaces the suffix from there on, as a rewrite did): a line further on
@@ -36,6 +41,15 @@ class RaftStorageError(Exception):
     """DATA_DIR/raft cannot be used as it is (entries missing or damaged before the end)."""
 
 
+def sync_directory(directory: Path) -> None:
+    """Make the names in `directory` (a file created, renamed or removed) durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _entry(line: bytes) -> tuple[int, int, bytes] | None:
     """(index, term, command) of one log line, None if it is not a whole entry."""
     try:
@@ -56,13 +70,16 @@ class RaftStorage(PersistentState):
         super().__init__()
         self.directory = Path(directory)
         self.log = structlog.get_logger("haremq.raft").bind(node=node)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self.directory.is_dir():
+            self.directory.mkdir(parents=True, exist_ok=True)
+            sync_directory(self.directory.parent)
         self.state_path = self.directory / "state.json"
         self.log_path = self.directory / "log.jsonl"
         if self.state_path.exists():
             state = json.loads(self.state_path.read_text())
             self.term, self.voted_for = state["term"], state.get("voted_for")
-        if self.log_path.exists():
+        self._log_exists = self.log_path.exists()
+        if self._log_exists:
             self._load_log()
 
     def _load_log(self) -> None:
@@ -108,6 +125,7 @@ class RaftStorage(PersistentState):
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.state_path)
+        sync_directory(self.directory)
 
     def write(self, write: LogWrite) -> None:
         """Append the written entries and fsync; after a replaced suffix, rewrite the file whole."""
@@ -119,9 +137,14 @@ class RaftStorage(PersistentState):
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.log_path)
+            sync_directory(self.directory)
+            self._log_exists = True
             return
         with open(self.log_path, "a") as fh:
             for offset, (t, c) in enumerate(write.entries):
                 fh.write(json.dumps({"i": write.start + offset, "t": t, "c": c.decode()}) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+        if not self._log_exists:       # the file was created by this append: its name too
+            sync_directory(self.directory)
+            self._log_exists = True

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import os
+import stat
 
 import pytest
 
@@ -179,3 +181,47 @@ def test_an_index_seen_again_replaces_the_suffix_from_there(tmp_path):
     written(tmp_path / "raft", line(1), line(2), line(3), line(2, term=2, op="y"))
     storage = RaftStorage(tmp_path / "raft")
     assert storage.entries == [(1, b'{"op": "x"}'), (2, b'{"op": "y"}')]
+
+
+# ---- directory syncs -----------------------------------------------------------------------------
+@pytest.fixture
+def syncs(monkeypatch):
+    """Every fsync (of a file or of a directory, by inode) and rename, in order."""
+    events = []
+    fsync, replace = os.fsync, os.replace
+
+    def spy_fsync(fd):
+        st = os.fstat(fd)
+        events.append(("dir" if stat.S_ISDIR(st.st_mode) else "file", st.st_ino))
+        fsync(fd)
+
+    def spy_replace(src, dst):
+        replace(src, dst)
+        events.append(("rename", os.stat(dst).st_ino))
+
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(os, "replace", spy_replace)
+    return events
+
+
+def test_the_directory_is_synced_after_a_file_is_created_or_renamed_into_place(tmp_path, syncs):
+    directory = tmp_path / "data" / "raft"
+    storage = RaftStorage(directory)
+    ino = os.stat(directory).st_ino
+    assert ("dir", os.stat(directory.parent).st_ino) in syncs          # the new raft directory's name
+
+    del syncs[:]
+    storage.save_state(3, "hare2")          # a vote: gone after a power loss without its directory's sync
+    assert syncs[-2:] == [("rename", os.stat(directory / "state.json").st_ino), ("dir", ino)]
+
+    del syncs[:]
+    storage.write(LogWrite(1, ((3, b"{}"),)))            # creates log.jsonl
+    assert syncs == [("file", os.stat(directory / "log.jsonl").st_ino), ("dir", ino)]
+    del syncs[:]
+    storage.write(LogWrite(2, ((3, b"{}"),)))            # a plain append: the file's sync is enough
+    assert syncs == [("file", os.stat(directory / "log.jsonl").st_ino)]
+
+    del syncs[:]
+    storage.write(LogWrite(2, ((4, b"{}"),), whole=((3, b"{}"), (4, b"{}"))))     # a suffix replaced
+    assert syncs[-2:] == [("rename", os.stat(directory / "log.jsonl").st_ino), ("dir", ino)]
+    assert RaftStorage(directory).entries == [(3, b"{}"), (4, b"{}")]
