@@ -9,6 +9,7 @@ from pamqp import frame as pframe
 
 from haremq.node.protocol.connection import AMQPConnection, State
 from haremq.node.protocol.frames import FrameReader
+from haremq.node.protocol.replies import AMQPError, ReplyCode
 
 HEADER = b"AMQP\x00\x00\x09\x01"
 
@@ -138,3 +139,62 @@ def test_channel_max_counts_open_channels():
     close = frames_of(conn.data_to_send())[-1]
     assert (close.reply_code, close.reply_text) == (
         530, "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)")
+
+
+def _types(conn: AMQPConnection) -> list:
+    return [type(f) for f in frames_of(conn.data_to_send())]
+
+
+def _opened_with(*channels: int) -> AMQPConnection:
+    conn = opened()
+    for channel in channels:
+        conn.receive_data(pframe.marshal(spec.Channel.Open(), channel))
+    conn.data_to_send()
+    return conn
+
+
+def test_channel_close_ok_waits_for_the_session_and_nothing_follows_it():
+    conn = _opened_with(1)
+    got = conn.receive_data(pframe.marshal(spec.Basic.Ack(delivery_tag=1), 1)
+                            + pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1)
+                            + pframe.marshal(spec.Basic.Qos(prefetch_count=1), 1))   # after the close: dropped
+    assert [type(e).__name__ for e in got] == ["MethodReceived", "ChannelClosedByPeer"]
+    assert conn.data_to_send() == b""           # the ack's consequences go out first
+    conn.channel_close_ok(1)
+    conn.channel_close_ok(1)                    # answered once
+    assert _types(conn) == [spec.Channel.CloseOk]
+    assert conn.receive_data(pframe.marshal(spec.Channel.Open(), 1))   # the number is free again
+    assert _types(conn) == [spec.Channel.OpenOk]
+
+
+def test_crossing_channel_closes():
+    # RabbitMQ's closing channel: the client's close gets close-ok, the client's close-ok ends it,
+    # every other frame on it is discarded
+    conn = _opened_with(1, 2)
+    conn.close_channel(1, AMQPError(ReplyCode.NOT_FOUND, "NOT_FOUND - no exchange 'x' in vhost '/'", 60, 40))
+    assert _types(conn) == [spec.Channel.Close]
+    assert conn.receive_data(pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1)
+                             + pframe.marshal(spec.Basic.Qos(prefetch_count=1), 1)) == []
+    assert _types(conn) == [spec.Channel.CloseOk]
+    assert not conn.is_channel_usable(1) and 1 in conn.open_channels()
+    conn.receive_data(pframe.marshal(spec.Channel.CloseOk(), 1))
+    assert conn.open_channels() == [2] and conn.state is State.OPEN
+    # a close after the close-ok (the client's Close() racing its answer to ours) is lost, as it is
+    # with RabbitMQ's stopped channel process; then the number opens again
+    conn.receive_data(pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1) + pframe.marshal(spec.Channel.Open(), 1))
+    assert _types(conn) == [spec.Channel.OpenOk] and conn.state is State.OPEN
+
+
+def test_a_channel_error_while_reading_is_closed_by_the_session_in_order():
+    conn = _opened_with(1)
+    too_large = pframe.marshal(spec.Basic.Publish(exchange="", routing_key="q"), 1) + struct.pack(
+        ">BHIHHQH", 2, 1, 14, 60, 0, 200 * 1024 * 1024, 0) + b"\xce"
+    got = conn.receive_data(pframe.marshal(spec.Basic.Ack(delivery_tag=1), 1) + too_large
+                            + pframe.marshal(spec.Basic.Qos(prefetch_count=1), 1)
+                            + pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1))
+    assert [type(e).__name__ for e in got] == ["MethodReceived", "ChannelFailed"]
+    assert got[1].error.code == ReplyCode.PRECONDITION_FAILED and conn.data_to_send() == b""
+    conn.close_channel(1, got[1].error)       # the session, once the ack is handled
+    assert _types(conn) == [spec.Channel.Close, spec.Channel.CloseOk]   # the client's close, answered
+    conn.receive_data(pframe.marshal(spec.Channel.CloseOk(), 1))
+    assert conn.open_channels() == [] and conn.state is State.OPEN

@@ -7,6 +7,7 @@ client modules (tests/test_client_*.py) drive the clients themselves.
 from __future__ import annotations
 
 import struct
+import time
 
 import pytest
 from pamqp import commands as spec
@@ -288,3 +289,151 @@ def test_queue_delete_ok_before_cancel_in_a_cluster(cluster, home):
     c.send_frame(spec.Queue.Delete(queue=q), 1)
     c.expect(spec.Queue.DeleteOk, 1, timeout=15)
     assert c.expect(spec.Basic.Cancel, 1, timeout=15).consumer_tag == "ct-1"
+
+
+# ------------------------------------------------------------------ 7. closes that cross
+
+def _frames_until(c, cls, channel: int, timeout: float = 5.0) -> list:
+    """(channel, frame) pairs up to and including the first `cls` on `channel`."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while True:
+        ch, frame = c.recv_frame(max(0.01, deadline - time.monotonic()))
+        seen.append((ch, frame))
+        if isinstance(frame, cls) and ch == channel:
+            return seen
+
+
+def _still_works(c, channel: int) -> None:
+    c.rpc(spec.Queue.Declare(queue="", exclusive=True), channel, spec.Queue.DeclareOk)
+
+
+@pytest.mark.parametrize("order", ["close_then_close_ok", "close_ok_then_close"])
+def test_crossing_channel_closes_leave_the_connection_and_its_other_channels(node, order):
+    # amqp091-go (TestChannelExceptionWithCloseIssue43): a publish to a missing exchange, then
+    # Channel.Close(); the server's channel.close 404 and the client's cross. The client's close
+    # gets close-ok and the channel stays closing until the client's close-ok; the connection and
+    # channel 2 go on. amqp091-go can also answer the server's close before its own close leaves.
+    c = raw_socket(node)
+    c.open_channel(1)
+    c.open_channel(2)
+    c.publish(1, unique_name("missing"), "k", b"lost")
+    close = c.expect(spec.Channel.Close, 1)
+    assert close.reply_code == 404
+    if order == "close_then_close_ok":
+        c.send_frame(spec.Channel.Close(200, "", 0, 0), 1)        # sent before the 404 was read
+        c.expect(spec.Channel.CloseOk, 1)
+        c.send_frame(spec.Channel.CloseOk(), 1)                   # the answer to the 404
+    else:
+        c.send_bytes(pframe.marshal(spec.Channel.CloseOk(), 1) + pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1))
+    _still_works(c, 2)
+    c.open_channel(1)
+    _still_works(c, 1)
+    assert not [f for _ch, f in c.received if isinstance(f, spec.Connection.Close)]
+
+
+def test_crossing_closes_on_the_same_read(node):
+    # the publish and the client's close reach the server together: 404 first (the publish came
+    # first), then close-ok for the client's close; the channel is gone at the client's close-ok
+    c = raw_socket(node)
+    c.open_channel(1)
+    c.open_channel(2)
+    c.send_bytes(c.publish_bytes(1, unique_name("missing"), "k", b"lost")
+                 + pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1))
+    seen = _frames_until(c, spec.Channel.CloseOk, 1)
+    assert [(ch, type(f)) for ch, f in seen] == [(1, spec.Channel.Close), (1, spec.Channel.CloseOk)]
+    assert seen[0][1].reply_code == 404
+    c.send_frame(spec.Channel.CloseOk(), 1)
+    _still_works(c, 2)
+    c.open_channel(1)
+    _still_works(c, 1)
+    assert not [f for _ch, f in c.received if isinstance(f, spec.Connection.Close)]
+
+
+def _consuming_with_prefetch_one(c, channel: int, messages: int) -> str:
+    q = c.rpc(spec.Queue.Declare(queue=unique_name("race")), channel, spec.Queue.DeclareOk).queue
+    for i in range(messages):
+        c.publish(channel, "", q, b"m%d" % i)
+    c.rpc(spec.Basic.Qos(prefetch_count=1), channel, spec.Basic.QosOk)
+    c.rpc(spec.Basic.Consume(queue=q, consumer_tag="ct"), channel, spec.Basic.ConsumeOk)
+    deliver = c.expect(spec.Basic.Deliver, channel)
+    assert deliver.delivery_tag == 1
+    c.read_message()
+    return q
+
+
+def _after(frames: list, channel: int, cls) -> list:
+    """The frames on `channel` after the first `cls` on it."""
+    for i, (ch, frame) in enumerate(frames):
+        if ch == channel and isinstance(frame, cls):
+            return [(c, f) for c, f in frames[i + 1:] if c == channel]
+    raise AssertionError(f"no {cls.__name__} on channel {channel} in {frames}")
+
+
+def test_nothing_follows_close_ok_on_its_channel(node):
+    # kombu's test_ack_from_another_thread (py-amqp's KeyError: 1): an ack and the channel's close
+    # arrive together; the ack frees the prefetch, but the next delivery must come before the
+    # close-ok or not at all: py-amqp forgets the channel at close-ok
+    c = raw_socket(node)
+    c.open_channel(1)
+    c.open_channel(2)
+    q = _consuming_with_prefetch_one(c, 1, 3)
+    c.send_bytes(pframe.marshal(spec.Basic.Ack(delivery_tag=1), 1) + pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1))
+    frames = _frames_until(c, spec.Channel.CloseOk, 1)
+    c.send_frame(spec.Queue.Declare(queue=q, passive=True), 2)
+    frames += _frames_until(c, spec.Queue.DeclareOk, 2)
+    assert _after(frames, 1, spec.Channel.CloseOk) == []
+    assert frames[-1][1].message_count == 2                 # the unacked delivery went back
+    c.rpc(spec.Queue.Delete(queue=q), 2, spec.Queue.DeleteOk)
+
+
+def test_a_confirm_ready_at_the_close_goes_before_close_ok(node):
+    c = raw_socket(node)
+    c.open_channel(1)
+    q = c.rpc(spec.Queue.Declare(queue="", exclusive=True), 1, spec.Queue.DeclareOk).queue
+    c.rpc(spec.Confirm.Select(), 1, spec.Confirm.SelectOk)
+    c.send_bytes(c.publish_bytes(1, "", q, b"x") + pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1))
+    frames = _frames_until(c, spec.Channel.CloseOk, 1)
+    assert [type(f) for _ch, f in frames] in ([spec.Basic.Ack, spec.Channel.CloseOk], [spec.Channel.CloseOk])
+    c.open_channel(1)
+    _still_works(c, 1)
+
+
+def test_nothing_but_close_ok_follows_the_servers_channel_close(node):
+    # an ack and then an error found while reading the channel's frames (a message over the
+    # size limit), in one read: the delivery the ack allows comes before the channel.close or
+    # not at all, and the channel's consumer is gone once the close is sent
+    c = raw_socket(node)
+    c.open_channel(1)
+    c.open_channel(2)
+    q = _consuming_with_prefetch_one(c, 1, 3)
+    too_large = pframe.marshal(spec.Basic.Publish(exchange="", routing_key=q), 1) + struct.pack(
+        ">BHIHHQH", 2, 1, 14, 60, 0, 200 * 1024 * 1024, 0) + b"\xce"
+    c.send_bytes(pframe.marshal(spec.Basic.Ack(delivery_tag=1), 1) + too_large)
+    frames = _frames_until(c, spec.Channel.Close, 1)
+    assert frames[-1][1].reply_code == 406
+    c.send_frame(spec.Channel.CloseOk(), 1)
+    c.publish(2, "", q, b"after the close")
+    c.send_frame(spec.Queue.Declare(queue=q, passive=True), 2)
+    frames += _frames_until(c, spec.Queue.DeclareOk, 2)
+    assert _after(frames, 1, spec.Channel.Close) == []
+    assert frames[-1][1].message_count == 3                 # nobody consumes it any more
+    c.rpc(spec.Queue.Delete(queue=q), 2, spec.Queue.DeleteOk)
+
+
+def test_channel_close_ok_after_the_frames_before_it_are_handled(node):
+    # as for connection.close (above): a durable declare holds the channel until it is on disk,
+    # and the publishes behind it, then the channel's close, wait; close-ok once they are queued
+    q = unique_name("chflood")
+    c = raw_socket(node)
+    c.open_channel(1)
+    n = 200
+    data = [pframe.marshal(spec.Queue.Declare(queue=q, durable=True), 1)]
+    data += [c.publish_bytes(1, "", q, b"m%d" % i) for i in range(n)]
+    data.append(pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1))
+    c.send_bytes(b"".join(data))
+    frames = _frames_until(c, spec.Channel.CloseOk, 1)
+    assert [type(f) for _ch, f in frames] == [spec.Queue.DeclareOk, spec.Channel.CloseOk]
+    c.open_channel(1)
+    assert c.rpc(spec.Queue.Declare(queue=q, passive=True), 1, spec.Queue.DeclareOk).message_count == n
+    c.rpc(spec.Queue.Delete(queue=q), 1, spec.Queue.DeleteOk)

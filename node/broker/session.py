@@ -101,12 +101,15 @@ class Session:
             channels = self._confirm_channels
             self._confirm_channels = set()
             for channel in channels:
-                confirms = channel.confirms
-                if confirms is not None and confirms.ready and not channel.closed:
-                    for tag, multiple, nack in confirms.flush():
-                        self.conn.send_raw(encode_confirm(channel.id, tag, multiple, nack))
+                self._send_confirms(channel)
         self.pending_bytes = 0
         return self.conn.data_to_send()
+
+    def _send_confirms(self, channel: Channel) -> None:
+        confirms = channel.confirms
+        if confirms is not None and confirms.ready and not channel.closed:
+            for tag, multiple, nack in confirms.flush():
+                self.conn.send_raw(encode_confirm(channel.id, tag, multiple, nack))
 
     def note_confirms(self, channel: Channel) -> None:
         """A channel has confirms to send; they go out, coalesced, at the next drain."""
@@ -196,9 +199,25 @@ class Session:
         elif kind is ev.ChannelOpened:
             self.channels[event.channel] = Channel(self, event.channel)
         elif kind is ev.ChannelClosedByPeer:
-            channel = self.channels.pop(event.channel, None)
+            # close-ok after the replies, deliveries and confirms of the frames before the close
+            # (a held channel handles them first), and nothing after it on this channel
+            channel = self.channels.get(event.channel)
             if channel is not None:
+                if channel.held:
+                    channel.backlog.append(event)
+                    return
+                del self.channels[event.channel]
+                self._send_confirms(channel)
                 channel.teardown()
+            self.conn.channel_close_ok(event.channel)
+        elif kind is ev.ChannelFailed:
+            channel = self.channels.get(event.channel)
+            if channel is None:
+                return   # closed by an error earlier in this read
+            if channel.held:
+                channel.backlog.append(event)
+                return
+            self._fail(event.channel, event.error)
         elif kind is ev.ConnectionOpened:
             self.user = event.user
             self.vhost = self.broker.vhost(event.vhost)

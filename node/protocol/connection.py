@@ -66,6 +66,10 @@ class ChannelState(enum.Enum):
     OPEN = "open"
     AWAIT_HEADER = "await-header"   # basic.publish seen, content header next
     AWAIT_BODY = "await-body"
+    CLOSE_RECEIVED = "close-received"   # the client sent channel.close; close-ok once the session
+                                        # has handled what came before it (`channel_close_ok()`)
+    FAILED = "failed"               # an error in the channel's frames; the session sends channel.close
+                                    # once it has handled what came before (`close_channel()`)
     CLOSING = "closing"             # we sent channel.close, waiting for close-ok
 
     __hash__ = object.__hash__      # members are singletons: CHANNEL_FRAMES' keys hash in C
@@ -83,6 +87,15 @@ CHANNEL_FRAMES = {
     (ChannelState.OPEN, FRAME_METHOD): "_on_channel_method",
     (ChannelState.AWAIT_HEADER, FRAME_HEADER): "_on_content_header",
     (ChannelState.AWAIT_BODY, FRAME_BODY): "_on_content_body",
+}
+
+# A channel on its way out, as RabbitMQ's: (state, method) -> handler. Every other frame on it is
+# discarded; so is a channel.close while its earlier frames' error is pending (FAILED), which is
+# answered with the server's channel.close (`close_channel`).
+LEAVING = {
+    (ChannelState.CLOSING, Ch.Close): "_on_crossing_close",
+    (ChannelState.CLOSING, Ch.CloseOk): "_on_close_ok",
+    (ChannelState.FAILED, Ch.Close): "_on_close_after_failure",
 }
 
 UNEXPECTED = {
@@ -133,6 +146,8 @@ class AMQPConnection:
         self._header = b""
         self._reader = FrameReader(frame_max)
         self._channels: dict[int, ChannelState] = {}
+        self._peer_closed: set[int] = set()      # the client's channel.close not answered yet
+        self._closed_by_us: set[int] = set()     # closed by our channel.close and its close-ok
         self._assembly: dict[int, _Assembly] = {}
         self._publishes: dict[bytes, object] = {}   # method payload -> its decoded basic.publish (read only)
         self._out: list[bytes] = []
@@ -200,7 +215,7 @@ class AMQPConnection:
                 break
             except AMQPError as err:
                 if err.is_channel_error and channel and self.state is State.OPEN:
-                    self.close_channel(channel, err)
+                    self._channel_failed(channel, err, out)
                 else:
                     self.close(err)
         if framing_error is not None and self.state not in (State.CLOSED, State.CLOSING,
@@ -249,13 +264,11 @@ class AMQPConnection:
         if state is None:
             self._on_unopened_channel(channel, ftype, payload, out)
             return
-        if state is ChannelState.CLOSING:
+        if state in (ChannelState.CLOSE_RECEIVED, ChannelState.FAILED, ChannelState.CLOSING):
             if ftype == FRAME_METHOD:
-                method = decode_method(payload)
-                if isinstance(method, (Ch.CloseOk, Ch.Close)):
-                    if isinstance(method, Ch.Close):
-                        self.send_method(channel, Ch.CloseOk())
-                    del self._channels[channel]
+                handler = LEAVING.get((state, type(decode_method(payload))))
+                if handler is not None:
+                    getattr(self, handler)(channel)
             return
         handler = CHANNEL_FRAMES.get((state, ftype))
         if handler is None:
@@ -361,13 +374,20 @@ class AMQPConnection:
         return 2
 
     def _on_unopened_channel(self, channel: int, ftype: int, payload: bytes, out: list) -> None:
+        method = decode_method(payload) if ftype == FRAME_METHOD else None
+        if channel in self._closed_by_us:
+            self._closed_by_us.discard(channel)
+            if isinstance(method, Ch.Close):
+                # the client answered our channel.close and then sent its own (amqp091-go can, when
+                # Channel.Close() races its reader): RabbitMQ's channel process has stopped by then,
+                # and the close is lost with it; so it is here, and the connection goes on
+                return
         # channel_max is a count of open channels, not the highest id: as in RabbitMQ, any id up
         # to 65535 may be opened (aiormq picks 65535 first) while fewer than channel_max are open
         if self.channel_max and len(self._channels) >= self.channel_max:
             raise AMQPError(ReplyCode.NOT_ALLOWED,
                             f"number of channels opened ({len(self._channels)}) has reached the "
                             f"negotiated channel_max ({self.channel_max})")
-        method = decode_method(payload) if ftype == FRAME_METHOD else None
         if not isinstance(method, Ch.Open):
             index = getattr(method, "index", 0)
             raise AMQPError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", index >> 16, index & 0xFFFF)
@@ -385,8 +405,10 @@ class AMQPConnection:
         if isinstance(method, Ch.Open):
             raise AMQPError(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
         if isinstance(method, Ch.Close):
-            del self._channels[channel]
-            self.send_method(channel, Ch.CloseOk())
+            # close-ok waits until the session has handled the frames before the close (their
+            # replies and deliveries go first), and nothing follows it on this channel
+            self._channels[channel] = ChannelState.CLOSE_RECEIVED
+            self._peer_closed.add(channel)
             out.append(ev.ChannelClosedByPeer(channel))
             return
         if isinstance(method, Ch.CloseOk):
@@ -436,13 +458,48 @@ class AMQPConnection:
             self.send_method(0, C.CloseOk())
             self.state = State.CLOSED
 
+    def channel_close_ok(self, channel: int) -> None:
+        """Answer the client's channel.close, once the session has handled what it sent before
+        (`ChannelClosedByPeer`); the channel is then gone, unless our own close crossed the
+        client's: then it is gone at the client's close-ok."""
+        if channel not in self._peer_closed:
+            return
+        self._peer_closed.discard(channel)
+        self.send_method(channel, Ch.CloseOk())
+        if self._channels.get(channel) is ChannelState.CLOSE_RECEIVED:
+            del self._channels[channel]
+
     def close_channel(self, channel: int, err: AMQPError) -> None:
-        """Close one channel with a channel error; its frames are ignored until close-ok."""
+        """Close one channel with a channel error. Until the client's close-ok, its frames are
+        discarded, and a channel.close of the client's, crossing ours, is answered with close-ok."""
         if self._channels.get(channel) in (None, ChannelState.CLOSING):
             return
         self._assembly.pop(channel, None)
         self._channels[channel] = ChannelState.CLOSING
         self.send_method(channel, Ch.Close(err.code, err.text, err.class_id, err.method_id))
+        if channel in self._peer_closed:      # the session has done with it: answer now
+            self.channel_close_ok(channel)
+
+    def _channel_failed(self, channel: int, err: AMQPError, out: list) -> None:
+        """A channel error in a channel's frames: the session closes the channel after it has
+        handled the frames before (a delivery they cause goes before the channel.close)."""
+        if self._channels.get(channel) not in (ChannelState.OPEN, ChannelState.AWAIT_HEADER,
+                                               ChannelState.AWAIT_BODY):
+            return
+        self._assembly.pop(channel, None)
+        self._channels[channel] = ChannelState.FAILED
+        out.append(ev.ChannelFailed(channel, err))
+
+    def _on_crossing_close(self, channel: int) -> None:
+        """Our channel.close and the client's crossed: close-ok, and wait for the client's."""
+        self.send_method(channel, Ch.CloseOk())
+
+    def _on_close_ok(self, channel: int) -> None:
+        del self._channels[channel]
+        self._closed_by_us.add(channel)
+
+    def _on_close_after_failure(self, channel: int) -> None:
+        self._peer_closed.add(channel)      # answered after our channel.close (`close_channel`)
 
     def close(self, err: AMQPError) -> None:
         """Close the connection with a connection error (or a forced close)."""
@@ -462,7 +519,8 @@ class AMQPConnection:
         return list(self._channels)
 
     def is_channel_usable(self, channel: int) -> bool:
-        return self.state is State.OPEN and self._channels.get(channel) not in (None, ChannelState.CLOSING)
+        return self.state is State.OPEN and self._channels.get(channel) in (
+            ChannelState.OPEN, ChannelState.AWAIT_HEADER, ChannelState.AWAIT_BODY)
 
 
 def _credentials(mechanism: str, response: bytes) -> tuple[str | None, str | None]:

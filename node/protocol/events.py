@@ -29,8 +29,18 @@ class ChannelOpened:
 
 @dataclass(slots=True)
 class ChannelClosedByPeer:
-    """The client closed a channel (channel.close, answered close-ok)."""
+    """The client closed a channel (channel.close). The session answers close-ok
+    (`AMQPConnection.channel_close_ok`) once it has handled what came before the close."""
     channel: int
+
+
+@dataclass(slots=True)
+class ChannelFailed:
+    """A channel error found while reading a channel's frames (a message over the size
+    limit). The session closes the channel (`AMQPConnection.close_channel`) once it has
+    handled what came before; the channel's later frames are discarded."""
+    channel: int
+    error: object
 
 
 @dataclass(slots=True)
