@@ -46,9 +46,10 @@ from typing import Callable
 import grpc
 import structlog
 
+from haremq.node.broker.commands import MemberAdd, MemberForget
 from haremq.node.tasks import TaskGroup
 
-from .raft_machine import ELECTION_MIN, HEARTBEAT, VOTE_TIMEOUT, NotLeader, RaftMachine
+from .raft_machine import ELECTION_MIN, HEARTBEAT, VOTE_TIMEOUT, ChangePending, NotLeader, RaftMachine
 from .raft_messages import AppendReply, AppendRequest, Entry, Ready, VoteReply, VoteRequest
 from .raft_storage import RaftStorage
 from .rpc import cluster_pb2 as pb
@@ -57,6 +58,7 @@ __all__ = ["ELECTION_MIN", "HEARTBEAT", "NotLeader", "PROPOSE_TIMEOUT", "Raft", 
 
 PROPOSE_TIMEOUT = 10.0
 APPEND_TIMEOUT = 1.0
+MEMBERSHIP_CHANGES = frozenset({MemberAdd.op, MemberForget.op})   # one at a time (raft_machine.py)
 
 
 class StorageFailed(NotLeader):
@@ -230,11 +232,22 @@ class Raft:
                 return
             await asyncio.sleep(0.002)
 
-    async def _lead(self, data: bytes) -> tuple[int, object]:
-        """As the leader: append, replicate, commit, apply here; (index, result of applying)."""
+    async def _change_turn(self, deadline: float) -> None:
+        """A membership change waits, until `deadline`, for the previous one to be committed
+        and applied here (it takes effect when applied): one at a time, Raft thesis 4.1."""
+        while not (self.machine.change_allowed() and self.last_applied >= self.machine.change_index):
+            if self.role != "leader" or time.monotonic() >= deadline:
+                raise ChangePending("a membership change is still being committed; try again")
+            await asyncio.sleep(0.01)
+
+    async def _lead(self, data: bytes, change: bool = False, deadline: float = 0.0) -> tuple[int, object]:
+        """As the leader: append, replicate, commit, apply here; (index, result of applying).
+        `change`: a membership change, which waits its turn until `deadline`."""
         self._check_storage()
+        if change:
+            await self._change_turn(deadline)
         future = asyncio.get_running_loop().create_future()
-        index, ready = self.machine.propose(data, time.monotonic())
+        index, ready = self.machine.propose(data, time.monotonic(), change)
         self._waiters[index] = future      # before the write: a reply may commit it meanwhile
         try:
             await self._carry_out(ready)
@@ -253,12 +266,13 @@ class Raft:
         leader died) it waits and tries again, up to PROPOSE_TIMEOUT.
         """
         data = json.dumps(command).encode()
+        change = command.get("op") in MEMBERSHIP_CHANGES
         deadline = time.monotonic() + PROPOSE_TIMEOUT
         while True:
             self._check_storage()
             if self.role == "leader":
                 try:
-                    return (await self._lead(data))[1]
+                    return (await self._lead(data, change, deadline))[1]
                 except StorageFailed:
                     raise
                 except NotLeader:
@@ -290,8 +304,14 @@ class Raft:
     async def on_propose(self, request) -> pb.ProposeReply:
         if self.role != "leader":
             return pb.ProposeReply(ok=False, error="not the leader")
+        data = bytes(request.command)
         try:
-            index, result = await self._lead(bytes(request.command))
+            change = json.loads(data.decode()).get("op") in MEMBERSHIP_CHANGES
+        except (ValueError, AttributeError):
+            return pb.ProposeReply(ok=False, error="not a command")
+        try:
+            # a change not allowed yet is refused at once: the member that forwarded it retries
+            index, result = await self._lead(data, change)
         except (asyncio.TimeoutError, NotLeader) as exc:
             return pb.ProposeReply(ok=False, error=str(exc) or "not committed in time")
         return pb.ProposeReply(ok=True, index=index, result=json.dumps(result).encode())

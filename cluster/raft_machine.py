@@ -14,6 +14,12 @@ hand (tests/test_raft_machine.py).
 The rules it applies are cluster/raft_core.py's; cluster/raft.py carries out what it asks.
 Behaviour (pre-vote, leader stickiness, check-quorum, standing in turn after a leader
 died) is described in cluster/raft.py's docstring.
+
+Membership changes (a member added or forgotten) take effect when applied, and change the
+majority: the leader takes them one at a time (Raft thesis 4.1). It proposes a change only
+once the previous one has committed, and as a new leader only once its first entry has
+(any entry before it may be a change not yet committed), so at most two memberships, the
+old and the new, are ever in use, and any majority of one overlaps any majority of the other.
 """
 from __future__ import annotations
 
@@ -34,6 +40,10 @@ BATCH = 256                          # entries per append
 
 class NotLeader(Exception):
     """No leader is known (an election is under way, or no majority)."""
+
+
+class ChangePending(NotLeader):
+    """A membership change while the previous one has not committed: not now (thesis 4.1)."""
 
 
 @dataclass
@@ -76,6 +86,7 @@ class RaftMachine:
         self.election: Election | None = None
         self.deadline = self._new_deadline(now)
         self._handed_out = 0                      # committed entries given to the shell to apply
+        self.change_index = 0                     # as the leader: the last membership change proposed
         self._ready = Ready()
 
     @property
@@ -195,6 +206,7 @@ class RaftMachine:
         # An entry of our own term lets earlier entries commit (Raft's commitment rule).
         self._append(self.persistent.last_index + 1,
                      [(self.term, json.dumps({"op": "noop", "leader": self.name}).encode())])
+        self.change_index = self.persistent.last_index    # an earlier entry may be a change: wait for this one
         self._advance_commit(now)
         self._replicate(now)          # the followers hear of us now, not a heartbeat later
 
@@ -254,15 +266,24 @@ class RaftMachine:
         self._ready.hard_state = (self.term, self.persistent.voted_for)
 
     # ---- replication: the leader ------------------------------------------------------------------
-    def propose(self, command: bytes, now: float) -> tuple[int, Ready]:
-        """Append a command as the leader; its index, and what to do about it."""
+    def propose(self, command: bytes, now: float, change: bool = False) -> tuple[int, Ready]:
+        """Append a command as the leader; its index, and what to do about it. `change`: it
+        adds or removes a member, so only if change_allowed()."""
         if self.role != "leader":
             raise NotLeader("not the leader")
+        if change and not self.change_allowed():
+            raise ChangePending(f"membership change at index {self.change_index} not committed yet")
         index = self.persistent.last_index + 1
         self._append(index, [(self.term, command)])
+        if change:
+            self.change_index = index
         self._replicate(now)
         self._advance_commit(now)
         return index, self._take()
+
+    def change_allowed(self) -> bool:
+        """As the leader: the last membership change (or our first entry) has committed."""
+        return self.role == "leader" and self.change_index <= self.commit_index
 
     def member_added(self, name: str, now: float) -> Ready:
         """A member joined (member.add applied): the leader sends it the log from the start."""

@@ -15,7 +15,8 @@ import random
 import pytest
 import structlog
 
-from haremq.cluster.raft_machine import APPEND_LOST, ELECTION_MAX, ELECTION_MIN, HEARTBEAT, NotLeader, RaftMachine
+from haremq.cluster.raft_machine import (APPEND_LOST, ELECTION_MAX, ELECTION_MIN, HEARTBEAT, ChangePending, NotLeader,
+                                        RaftMachine)
 from haremq.cluster.raft_messages import AppendReply, AppendRequest, Entry, VoteReply, VoteRequest
 from haremq.cluster.raft_state import PersistentState
 
@@ -401,3 +402,30 @@ def test_a_leader_sends_one_append_at_a_time_and_retries_a_failed_or_lost_one():
     # c's call never reported back: after APPEND_LOST it counts as lost and c is sent to again
     assert "c" not in {r.to for r in m.tick(2.0 + APPEND_LOST - 0.1).messages}
     assert "c" in {r.to for r in m.tick(2.0 + APPEND_LOST + 0.1).messages}
+
+
+def test_membership_changes_are_taken_one_at_a_time():
+    # Raft thesis 4.1: a member added or forgotten changes the majority once applied, so the
+    # leader proposes the next change only once the last one has committed.
+    m = machine()
+    ready = elect(m, now=2.0)
+    to_b = next(r for r in ready.messages if r.to == "b")
+    with pytest.raises(ChangePending):          # the noop may follow an uncommitted change
+        m.propose(b'{"op": "member.add"}', 2.0, change=True)
+    ready = m.on_append_reply(to_b, AppendReply("a", m.term, True, 1), 2.0)
+    assert m.commit_index == 1 and m.change_allowed()
+    [to_b] = ready.messages                     # b is told the commit
+    index, _ready = m.propose(b'{"op": "member.add"}', 2.1, change=True)
+    assert index == 2 and not m.change_allowed()
+    with pytest.raises(ChangePending):
+        m.propose(b'{"op": "member.forget"}', 2.1, change=True)
+    assert m.propose(b'{"op": "x"}', 2.1)[0] == 3      # other commands go on meanwhile
+    [to_b] = m.on_append_reply(to_b, AppendReply("a", m.term, True, 1), 2.2).messages
+    assert [e.index for e in to_b.entries] == [2, 3]
+    m.on_append_reply(to_b, AppendReply("a", m.term, True, 3), 2.2)
+    assert m.commit_index == 3 and m.change_allowed()
+    assert m.propose(b'{"op": "member.forget"}', 2.3, change=True)[0] == 4
+    # a new leader's first entry stands for whatever changes its log may hold uncommitted
+    f = machine("b", ("a", "c"), terms=(1, 1), term=1)
+    elect(f, now=5.0)
+    assert f.change_index == 3 and not f.change_allowed()
