@@ -8,6 +8,7 @@ bytes after the last record are zeros: a header of all zeros ends the log.
 """
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 
@@ -127,6 +128,31 @@ def check(buf, pos: int) -> tuple[int, int, int] | None:
     if zlib.crc32(memoryview(buf)[start:end], seed) != crc:
         return None
     return rtype, start, end
+
+
+def fits(rtype: int, length: int) -> bool:
+    """A payload of this length can be a record of this type (checked before its CRC)."""
+    if rtype == DELIVER:
+        return length == _IDS.size
+    if rtype == ACK:
+        return length >= _U32.size + _U64.size and (length - _U32.size) % _U64.size == 0
+    if rtype == ENQUEUE:
+        return length >= _ENQ.size + 2 + _U32.size       # two shortstrs, the properties' length
+    return rtype == DEDUP_IDS and length >= _IDSHEAD.size
+
+
+_TYPE_BYTE = re.compile(b"[" + bytes((min(CRC_SEEDS),)) + b"-" + bytes((max(CRC_SEEDS),)) + b"]")
+
+
+def find_record(buf, start: int, end: int) -> int | None:
+    """The first offset in [start, end) where a whole, valid record begins, None if none does.
+    Tries every offset whose type byte is one of ours: slow, for recovery after a bad record."""
+    for match in _TYPE_BYTE.finditer(buf, start + HEADER_SIZE - 1, end + HEADER_SIZE - 1):
+        pos = match.start() - (HEADER_SIZE - 1)
+        _crc, length, rtype = HEADER.unpack_from(buf, pos)
+        if fits(rtype, length) and check(buf, pos) is not None:
+            return pos
+    return None
 
 
 def parse_ids(payload) -> tuple[int, int]:

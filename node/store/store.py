@@ -636,15 +636,31 @@ class MessageStore:
 
     @staticmethod
     def _is_torn_tail(data: bytes, pos: int) -> bool:
-        """A bad record followed only by zeros (past its claimed length) is the torn last write."""
+        """Is the bad record at `pos` of the last segment the torn last write, to be dropped?
+
+        Only the last write can be torn, and a segment holds only zeros past it (segments are
+        zero-filled ahead of the writes), so: yes if no valid record begins anywhere after it,
+        and nothing but zeros follows the end its header claims (a claimed end past the file
+        proves nothing: the length may be what was damaged). A bad record with a valid one
+        after it is damage to data that was synced and confirmed: dropping or zeroing from
+        there would lose confirmed messages silently, so the store refuses to start
+        (--skip-corrupt drops the rest of that segment, and says so).
+
+        RabbitMQ's message store, finding garbage, tries the next byte until a message parses
+        and carries on from there. That is safe for it, as a message counts only if a queue
+        index names its random id; here the log is the queues' state, and a record found by
+        guessing where one starts could be bytes inside a message body, so it is not acted on.
+        The cost: a power loss that persisted a later page of the last write but not an
+        earlier one also stops the start (an operator's --skip-corrupt then drops that write).
+        """
         if pos + rec.HEADER_SIZE > len(data):
             return True
+        end = len(data.rstrip(b"\x00"))
+        if rec.find_record(data, pos + 1, end) is not None:
+            return False
         _crc, length, _t = rec.HEADER.unpack_from(data, pos)
         after = pos + rec.HEADER_SIZE + length
-        if after >= len(data):
-            return True
-        tail = memoryview(data)[after:]
-        return tail.tobytes().count(0) == len(tail)
+        return after >= end
 
     @staticmethod
     def _zero_tail(path: Path, pos: int, data: bytes) -> None:
