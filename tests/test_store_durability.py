@@ -77,3 +77,56 @@ def test_a_torn_last_record_is_dropped_and_the_others_kept(tmp_path, claimed):
     got, _delivered, recovered = recover(tmp_path)
     assert got == bodies[:9] and recovered.torn_tail == (segment, offset)
     assert not any(path.read_bytes()[offset:])                # zeroed: the next write starts clean
+
+
+# ---- directory syncs -------------------------------------------------------------------------------------
+def test_a_removed_segment_is_gone_for_good_before_its_batch_is_done(tmp_path, monkeypatch):
+    # A segment removed but still named in the directory after a power loss brings its acked
+    # messages back, and once a later segment holding their acks goes too, for good.
+    import os
+    import stat
+
+    from haremq.node.store import writer
+
+    events = []
+    fsync, unlink, apply = os.fsync, os.unlink, writer.SegmentWriter._apply
+
+    def spy_fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            events.append(("dir", os.fstat(fd).st_ino))
+        fsync(fd)
+
+    def spy_unlink(path, *args, **kwargs):
+        unlink(path, *args, **kwargs)
+        events.append(("unlink", Path(path).name))
+
+    def spy_apply(self, batch, notify):
+        apply(self, batch, notify)
+        events.append(("applied",))
+
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(os, "unlink", spy_unlink)
+    monkeypatch.setattr(writer.SegmentWriter, "_apply", spy_apply)
+
+    async def run():
+        store = MessageStore(tmp_path, segment_size=64 << 10)
+        store.open()
+        ids = [store.enqueue(QUEUE, b"\x00", b"\x01q", b"", bytes(1000)) for _ in range(150)]
+        await durable(store)
+        first = [m for m in ids if _unpack(store.index[m])[0] == 1]
+        store.ack(QUEUE, first)
+        await durable(store)
+        path = segment_path(tmp_path / "msgs", 1)
+        for _ in range(500):
+            if not path.exists():
+                break
+            await asyncio.sleep(0.01)
+        await store.close()
+        return path
+
+    path = asyncio.run(run())
+    assert not path.exists()
+    directory = os.stat(tmp_path / "msgs").st_ino
+    at = events.index(("unlink", path.name))
+    this_batch = events[at:events.index(("applied",), at)]
+    assert ("dir", directory) in this_batch, events[at:]

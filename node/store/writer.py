@@ -9,7 +9,8 @@ publisher waiting for each confirm then pays for the disk only, not for
 two thread hand-offs. A lock keeps the two from writing at once (the idle
 writer zero-fills the segment in use). New segment files are preallocated
 (posix_fallocate) so that a sync after an append need not update the
-file's size, and their directory entry is synced once.
+file's size, and their directory entry is synced once; the directory is
+synced again after the segments a batch removes are unlinked.
 """
 from __future__ import annotations
 
@@ -163,6 +164,12 @@ class SegmentWriter:
                 os.unlink(segment_path(self.directory, segment))
             except FileNotFoundError:
                 pass
+        if batch.remove:
+            # gone for good before the batch is done: a later batch may remove the segment
+            # holding the acks of their messages, and should that removal survive a power
+            # loss and this one not, acked messages would come back
+            self._sync_directory(self.directory)
+            batch.fsyncs += 1
 
     # A sync after an append to a file whose blocks are already written (zeros) need not
     # update any metadata: it is markedly faster than appending to, or writing into
