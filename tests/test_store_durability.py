@@ -130,3 +130,46 @@ def test_a_removed_segment_is_gone_for_good_before_its_batch_is_done(tmp_path, m
     at = events.index(("unlink", path.name))
     this_batch = events[at:events.index(("applied",), at)]
     assert ("dir", directory) in this_batch, events[at:]
+
+
+# ---- compaction ----------------------------------------------------------------------------------------
+def test_a_delivered_message_moved_by_compaction_comes_back_redelivered(tmp_path):
+    # delivered, then requeued (the store keeps it, flagged delivered): after compaction moved
+    # it and a restart, it must come back redelivered, as it does without compaction
+    async def run():
+        store = MessageStore(tmp_path, segment_size=64 << 10)
+        store.open()
+        kept = store.enqueue(QUEUE, b"\x00", b"\x01q", b"", b"kept")
+        plain = store.enqueue(QUEUE, b"\x00", b"\x01q", b"", b"plain")
+        store.deliver(QUEUE, kept)
+        filler = [store.enqueue(QUEUE, b"\x00", b"\x01q", b"", bytes(1000)) for _ in range(100)]
+        await durable(store)
+        store.ack(QUEUE, filler)
+        await durable(store)
+        assert store.compact() == 2 and _unpack(store.index[kept])[0] > 1
+        await durable(store)
+        for _ in range(500):       # the first segment goes, with the DELIVER record in it
+            if not segment_path(tmp_path / "msgs", 1).exists():
+                break
+            await asyncio.sleep(0.01)
+        await store.close()
+
+    asyncio.run(run())
+    assert not segment_path(tmp_path / "msgs", 1).exists()
+    got, delivered, _recovered = recover(tmp_path, 64 << 10)
+    assert got == [b"kept", b"plain"] and delivered == [True, False]
+
+
+def test_a_copy_from_an_older_log_keeps_the_delivered_flag_of_what_it_copies(tmp_path):
+    # a log compacted before copies were flagged: the DELIVER record is still there, before the copy
+    async def run():
+        store = MessageStore(tmp_path, segment_size=64 << 10)
+        store.open()
+        kept = store.enqueue(QUEUE, b"\x00", b"\x01q", b"", b"kept")
+        store.deliver(QUEUE, kept)
+        store._append(rec.enqueue(QUEUE, kept, 0, b"\x00", b"\x01q", b"", b"kept"))    # an unflagged copy
+        await durable(store)
+        await store.close()
+
+    asyncio.run(run())
+    assert recover(tmp_path, 64 << 10)[:2] == ([b"kept"], [True])

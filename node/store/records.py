@@ -70,10 +70,18 @@ def _dedup_field(payload, pos: int) -> tuple[bytes, int, int]:
 
 def without_dedup(record: bytes) -> bytes:
     """A framed ENQUEUE record flagged FLAG_DEDUP, framed again without its id."""
+    return copied(record, False)
+
+
+def copied(record: bytes, delivered: bool) -> bytes:
+    """A framed ENQUEUE record as compaction copies it: without its deduplication id, and
+    flagged FLAG_DELIVERED if the message has been delivered since (its DELIVER record goes
+    with the old segment)."""
     payload = memoryview(record)[HEADER_SIZE:]
     queue_id, msg_id, flags = _ENQ.unpack_from(payload, 0)
-    skip = _dedup_field(payload, _ENQ.size)[2]
-    return frame(ENQUEUE, _ENQ.pack(queue_id, msg_id, flags & ~FLAG_DEDUP) + bytes(payload[skip:]))
+    skip = _dedup_field(payload, _ENQ.size)[2] if flags & FLAG_DEDUP else _ENQ.size
+    flags = flags & ~FLAG_DEDUP | (FLAG_DELIVERED if delivered else 0)
+    return frame(ENQUEUE, _ENQ.pack(queue_id, msg_id, flags) + bytes(payload[skip:]))
 
 
 def dedup_ids(queue_id: int, entries, replace: bool) -> bytes:

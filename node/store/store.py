@@ -473,10 +473,12 @@ class MessageStore:
         for msg_id in moving:
             segment, offset, length, delivered = _unpack(self.index[msg_id])
             record = os.pread(self._read_fd(segment), length, offset)
-            if record[rec.HEADER_SIZE + 12] & rec.FLAG_DEDUP:
+            flags = record[rec.HEADER_SIZE + 12]
+            if flags & rec.FLAG_DEDUP or delivered and not flags & rec.FLAG_DELIVERED:
                 # The copy leaves the id out: the ids are written again (DEDUP_IDS) before the
                 # original's segment goes, and a copy must not bring back an id evicted since.
-                record = rec.without_dedup(record)
+                # It says the message was delivered: the DELIVER record goes with that segment.
+                record = rec.copied(record, delivered)
                 self.live_bytes[segment] += len(record) - length
                 length = len(record)
             new_segment, new_offset = self._append(record)
@@ -589,10 +591,13 @@ class MessageStore:
                     self.id_segments.add(segment)
                 if not flags & transient:
                     earlier = where.get(msg_id)
-                    if earlier is not None and (earlier & LOC_MASK) >> 73 != segment:   # a copy made by compaction
-                        refs[segment].add((earlier & LOC_MASK) >> 73)
+                    delivered = flags & 1
+                    if earlier is not None:        # a copy made by compaction: delivered if the original was
+                        delivered |= earlier & 1
+                        if (earlier & LOC_MASK) >> 73 != segment:
+                            refs[segment].add((earlier & LOC_MASK) >> 73)
                     where[msg_id] = queue_id << QUEUE_SHIFT | (((seg_bits | pos) << 32 | (end - pos)) << 1) \
-                        | (flags & 1)
+                        | delivered
             elif rtype == deliver:
                 _queue_id, msg_id = rec.parse_ids(view[start:end])
                 hit = where.get(msg_id)
