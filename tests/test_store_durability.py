@@ -173,3 +173,23 @@ def test_a_copy_from_an_older_log_keeps_the_delivered_flag_of_what_it_copies(tmp
 
     asyncio.run(run())
     assert recover(tmp_path, 64 << 10)[:2] == ([b"kept"], [True])
+
+
+# ---- the metadata snapshot ------------------------------------------------------------------------------
+def test_a_short_write_of_the_metadata_snapshot_is_written_on_to_its_end(tmp_path, monkeypatch):
+    import os
+
+    write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: write(fd, bytes(data[:100])))   # 100 bytes a call
+    snapshot = b'{"version":1,"vhosts":{"/":{"queues":"%s"}}}' % (b"q" * 10_000)
+
+    async def run():
+        store = MessageStore(tmp_path)
+        store.open()
+        store.save_meta(lambda: snapshot)
+        await durable(store)
+        await store.close()
+
+    asyncio.run(run())
+    assert (tmp_path / "meta.bin").read_bytes() == snapshot
+    assert recover(tmp_path)[2].meta == snapshot

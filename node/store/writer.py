@@ -149,7 +149,9 @@ class SegmentWriter:
             tmp = self.meta_path.with_suffix(".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.write(fd, batch.meta)
+                view = memoryview(batch.meta)
+                while view:              # a write may take less than it was given
+                    view = view[os.write(fd, view):]
                 os.fsync(fd)
             finally:
                 os.close(fd)
