@@ -9,6 +9,7 @@ the channel that proposed it, which replies to its client only then.
 from __future__ import annotations
 
 import json
+import uuid
 
 import structlog
 
@@ -47,6 +48,11 @@ class MetadataMachine:
         self.on_add = None          # (name, address) -> a new member is counted and pinged
         self.on_removed = None      # this node itself was forgotten
         self.recovered: dict[int, list] = {}
+        # Until this node applies its own node.restarted entry of this incarnation, what it
+        # applies is history: the state is rebuilt, the store, the mirrors and the clients are
+        # not acted on (a queue's master moving away and back again must not empty it).
+        self.incarnation = uuid.uuid4().hex
+        self.replaying = True
         self.mirroring = None       # cluster.mirroring.Mirroring
         self.tasks = None           # node.tasks.TaskGroup of the node's cluster side: remote queues' calls
         self.log = structlog.get_logger("haremq.metadata").bind(node=node_name)
@@ -152,7 +158,18 @@ class MetadataMachine:
                         consumer.channel.consumer_cancelled_by_broker(consumer)
         if self.mirroring is not None:
             self.mirroring.node_restarted(c.node)
+        if c.node == self.node and c.incarnation == self.incarnation and self.replaying:
+            self._replayed(index)
         return {}
+
+    def _replayed(self, index: int) -> None:
+        """The log is replayed up to this node's return: the recovered messages of queues it does
+        not master are dropped (the master has them), then it takes its part in every queue."""
+        self.replaying = False
+        dropped = self.discard_unclaimed()
+        self.log.info("metadata log replayed", index=index, recovered_dropped=dropped)
+        if self.mirroring is not None:
+            self.mirroring.replayed()
 
     def _node_stopping(self, index, c):
         """A node is shutting down on purpose: ha-promote-on-shutdown decides for its queues."""
@@ -274,12 +291,18 @@ class MetadataMachine:
         old.successor = (queue, held)
 
     def _become_remote(self, state, queue) -> None:
-        """Deposed (MIR-5): this node's copy is dropped; it is a mirror, if anything, from now on."""
+        """Deposed (MIR-5): this node's copy is dropped; it is a mirror, if anything, from now on.
+        Replaying, the copy goes back among the recovered messages, untouched in the store."""
         vhost = self._vhost({"vhost": state.vhost})
         remote = self._remote_queue(vhost, queue.name, state.home, queue.durable, None, queue.auto_delete,
                                     queue.arguments)
         vhost.queues[queue.name] = remote
         vhost.rebind(queue, remote)
+        if self.replaying:
+            ids = queue.let_go()
+            if ids and queue.store is not None:
+                self.recovered[state.store_id] = ids
+            return
         self.log.warning("deposed: this node's copy of the queue is dropped", vhost=vhost.name, queue=queue.name,
                          messages=queue.message_count, master=state.home, epoch=state.epoch)
         for consumer in queue.mark_deleted():

@@ -56,6 +56,9 @@ class Mirroring:
         self.tasks = TaskGroup(f"mirroring {node.name}")   # the ticker, each mirror link's stream
         self._last_tick = 0.0
         self._quiet_until = 0.0
+        # replaying the metadata log after a start (cluster/metadata.py): the states are rebuilt
+        # but no replicator, mirror stream or failover acts on them until `replayed()`
+        self.replaying = True
 
     # ---- what components ask of the node ----------------------------------------------------
     @property
@@ -132,13 +135,26 @@ class Mirroring:
         state.synced = [n for n in state.synced if n in state.mirrors]
         self._take_part(state)
 
+    def replayed(self) -> None:
+        """The log is replayed: take this node's part in every queue, as the log's end says."""
+        self.replaying = False
+        for state in list(self.states.values()):
+            self._take_part(state)
+
     def _take_part(self, state: HAState) -> None:
         key = state.key
+        queue = self._queue(state)
+        remote = queue if queue is not None and queue.remote else None
+        if remote is not None:
+            remote.mirrored = bool(state.mirrors)
+            remote.epoch = state.epoch
+            remote.can_fail_over = lambda: state.successor(self.is_up, shutdown=state.home in self.stopping) is not None
+        if self.replaying:
+            return
         if self.node not in state.mirrors:
             mirror = self.mirrors.pop(key, None)
             if mirror is not None:
                 mirror.close()
-        queue = self._queue(state)
         replicator = self.replicators.get(key)
         if state.home == self.node and queue is not None and not queue.remote and state.mirrors:
             if replicator is None or replicator.closed:
@@ -151,11 +167,6 @@ class Mirroring:
             if queue is not None and queue.replica is replicator:
                 queue.detach_replica()
             replicator.close(state.home == self.node)
-        remote = queue if queue is not None and queue.remote else None
-        if remote is not None:
-            remote.mirrored = bool(state.mirrors)
-            remote.epoch = state.epoch
-            remote.can_fail_over = lambda: state.successor(self.is_up, shutdown=state.home in self.stopping) is not None
 
     def _queue(self, state: HAState):
         vhost = self.broker.vhosts.get(state.vhost)
@@ -171,6 +182,8 @@ class Mirroring:
 
     def check_stream(self, vhost: str, name: str, epoch: int, master: str) -> str:
         """Why a mirror stream must be refused (MIR-5 fencing), or '' to take it."""
+        if self.replaying:
+            return "this node is replaying the metadata log"
         state = self.states.get((vhost, name))
         if state is None:
             return f"no queue '{name}' in vhost '{vhost}' here"
@@ -190,7 +203,8 @@ class Mirroring:
         while True:
             refusal = self.check_stream(vhost, name, epoch, master)
             state = self.states.get((vhost, name))
-            behind = state is None or state.epoch < epoch or (state.epoch == epoch and state.home == master)
+            behind = (self.replaying or state is None or state.epoch < epoch
+                      or (state.epoch == epoch and state.home == master))
             if not refusal or not behind or time.monotonic() >= deadline:
                 if refusal and behind:
                     self.log.info("mirror stream refused: the metadata log did not catch up", vhost=vhost,
@@ -200,6 +214,8 @@ class Mirroring:
 
     def check_link(self, vhost: str, name: str, epoch: int) -> str:
         """A queue link from another node with an older (or newer) view of the master."""
+        if self.replaying:
+            return f"queue '{name}' in vhost '{vhost}': this node is replaying the metadata log"
         state = self.states.get((vhost, name))
         if state is None or not epoch or (state.epoch == epoch and state.home == self.node):
             return ""
@@ -210,7 +226,7 @@ class Mirroring:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self.states.get((vhost, name))
-            if state is None or not epoch or state.epoch >= epoch:
+            if not self.replaying and (state is None or not epoch or state.epoch >= epoch):
                 return
             await asyncio.sleep(0.01)
 
@@ -308,7 +324,7 @@ class Mirroring:
             # they have been pinged again, so it decides no failover until then
             self._quiet_until = now + timeout
         self._last_tick = now
-        if now < self._quiet_until:
+        if now < self._quiet_until or self.replaying:
             return
         for replicator in list(self.replicators.values()):
             replicator.tick(now, timeout)

@@ -194,11 +194,8 @@ class ClusterNode:
         (its transient and exclusive queues), and this node has caught up with the log."""
         while True:
             try:
-                await self.raft.propose(NodeRestarted(self.name).to_json())
+                await self.raft.propose(NodeRestarted(self.name, self.metadata.incarnation).to_json())
                 self._announced = True
-                dropped = self.metadata.discard_unclaimed()
-                if dropped:
-                    self.log.info("dropped recovered messages of queues mastered elsewhere", messages=dropped)
                 return
             except (NotLeader, asyncio.TimeoutError, grpc.aio.AioRpcError) as exc:
                 self.log.info("waiting for the metadata leader", reason=str(exc) or "timeout")

@@ -114,8 +114,11 @@ class NodeEvent(Command):
     node: str
 
 
+@dataclass(frozen=True)
 class NodeRestarted(NodeEvent, op="node.restarted"):
-    """A node came back: what did not survive its restart goes."""
+    """A node came back: what did not survive its restart goes. The node applies its own entry
+    of this incarnation as the end of its replay: what the log says before it is history."""
+    incarnation: str = ""
 
 
 class NodeStopping(NodeEvent, op="node.stopping"):

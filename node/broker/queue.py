@@ -834,6 +834,35 @@ class Queue:
         """answer((messages, consumers), error), here at once."""
         answer((self.message_count, self.consumer_count), None)
 
+    def let_go(self) -> list[int]:
+        """Deposed while its node replays the metadata log after a restart: forget the messages
+        here but leave them (and the deduplication ids) in the store, and return their store ids
+        in position order. Replaying history must not act on the store: a later entry of the log
+        may give this node the queue back, and only the end of the log decides."""
+        entries = sorted([*self.ready, *self.outstanding.values()], key=_entry_seq)
+        ids = [entry.msg_id for entry in entries if entry.msg_id]
+        ids.extend(self.tail)
+        self.deleted = True
+        for timer in (self._expiry_timer, self._unused_timer):
+            if timer is not None:
+                timer.cancel()
+        self._expiry_timer = self._unused_timer = None
+        store, cache = self.store, self.dedup
+        if store is not None and cache is not None:       # recovered again, for the next taker
+            if store.id_caches.get(self.store_id) is cache:
+                del store.id_caches[self.store_id]
+            store.recovered_ids[self.store_id] = dict(cache.entries())
+        self.consumers.clear()
+        self._groups = None
+        self.ready.clear()
+        self.outstanding.clear()
+        self.tail.clear()
+        self.tail_keys.clear()
+        self._tail_expiry.clear()
+        self.ready_bytes = self.tail_bytes = 0
+        self._returns.clear()
+        return ids
+
     def mark_deleted(self) -> list[Consumer]:
         """Forget every message; return the consumers to notify with basic.cancel."""
         self.deleted = True
