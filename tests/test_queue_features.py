@@ -604,3 +604,33 @@ def test_vhost_policies_pick_the_highest_priority_match():
         validate("bad", ".*", {"message-ttl": -5}, 0, "all")
     with pytest.raises(PolicyError):
         validate("bad", ".*", {"no-such-key": 1}, 0, "all")
+
+
+# ---- a header of the wrong type is not the broker's problem (RabbitMQ: x-invalid-headers) -----------
+
+@pytest.mark.parametrize("garbage", ["garbage", 7, {"queue": "q"}, ["not a table", {"count": "x"}]],
+                         ids=["string", "int", "table", "array-of-odd-things"])
+@pytest.mark.parametrize("path", ["rejected", "expired"])
+def test_a_malformed_x_death_header_is_dead_lettered_not_an_internal_error(conn, ch, garbage, path):
+    """As RabbitMQ does: an x-death that is not an array goes to x-invalid-headers and a new
+    x-death array starts; the connection stays open and the message leaves the queue for good."""
+    q, dead = unique_name("poison"), unique_name("poisondl")
+    ch.queue_declare(dead, exclusive=True)
+    arguments = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
+    if path == "expired":
+        arguments["x-message-ttl"] = 20
+    ch.queue_declare(q, exclusive=True, arguments=arguments)
+    ch.basic_publish("", q, b"poison", pika.BasicProperties(headers={"x-death": garbage}))
+    if path == "rejected":
+        gch = conn.channel()
+        m, _, _ = get_eventually(gch, q)
+        gch.basic_reject(m.delivery_tag, requeue=False)
+    _m, props, body = get_eventually(ch, dead, auto_ack=True)
+    assert body == b"poison"
+    deaths = props.headers["x-death"]
+    assert deaths[0]["reason"] == path and deaths[0]["queue"] == q and deaths[0]["count"] == 1
+    if not isinstance(garbage, list):
+        assert len(deaths) == 1
+        assert props.headers["x-invalid-headers"]["x-death"] == [garbage]
+    assert message_count(ch, q) == 0 and message_count(ch, dead) == 0
+    assert conn.is_open and ch.is_open

@@ -308,10 +308,13 @@ class VHost:
             routing_key = dl_key if dl_key is not None else message.routing_key
             props = decode_properties(message.props_raw)
             headers = dict(props.headers or {})
-            deaths = list(headers.get("x-death") or [])
+            deaths = _deaths(headers)
             for i, death in enumerate(deaths):
+                if not isinstance(death, dict):
+                    continue
                 if _text(death.get("queue")) == queue.name and _text(death.get("reason")) == reason:
-                    death = dict(death, count=int(death.get("count", 1)) + 1,
+                    count = death.get("count", 1)
+                    death = dict(death, count=(count if isinstance(count, int) else 1) + 1,
                                  time=datetime.now(timezone.utc).replace(microsecond=0))
                     deaths.pop(i)
                     break
@@ -386,10 +389,31 @@ def _text(value):
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _deaths(headers: dict) -> list:
+    """The message's x-death array (copied). A client may have set x-death to anything: as
+    RabbitMQ does (rabbit_basic:prepend_table_header), a value that is not an array moves to
+    the x-invalid-headers table and a new array starts."""
+    value = headers.get("x-death")
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return list(value)
+    invalid = headers.get("x-invalid-headers")
+    if not isinstance(invalid, dict):
+        invalid = {} if invalid is None else {"x-invalid-headers": [invalid]}
+    invalid = dict(invalid)
+    earlier = invalid.get("x-death")
+    invalid["x-death"] = [value, *(earlier if isinstance(earlier, list) else [])]
+    headers["x-invalid-headers"] = invalid
+    return []
+
+
 def _is_cycle(queue_name: str, deaths: list) -> bool:
     """rabbit_dead_letter:is_cycle/2: the queue is already in the message's x-death and no
     death since then (itself included) was a reject, so the loop is fully automatic."""
     for death in deaths:
+        if not isinstance(death, dict):
+            continue
         if _text(death.get("reason")) == "rejected":
             return False
         if _text(death.get("queue")) == queue_name:
