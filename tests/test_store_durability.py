@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,50 @@ def test_a_short_write_of_the_metadata_snapshot_is_written_on_to_its_end(tmp_pat
     asyncio.run(run())
     assert (tmp_path / "meta.bin").read_bytes() == snapshot
     assert recover(tmp_path)[2].meta == snapshot
+
+
+# ---- syncing on the loop ---------------------------------------------------------------------------------
+def test_after_a_slow_sync_nothing_is_synced_on_the_loop_until_the_writer_thread_syncs_fast(tmp_path, monkeypatch):
+    # A stalled disk must not stall the loop again and again (its pings stop: a needless
+    # failover); only the first sync of a stall can be on the loop.
+    import os
+
+    from haremq.node.store import writer
+
+    stall = {"seconds": 0.0}
+    fdatasync = os.fdatasync
+
+    def slow_fdatasync(fd):
+        time.sleep(stall["seconds"])
+        fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    # the idle writer zero-fills ahead under its lock; here it stays idle, so only the batches sync
+    monkeypatch.setattr(writer.SegmentWriter, "_fill_current", lambda self: setattr(self, "_fill", None))
+    monkeypatch.setattr(writer.SegmentWriter, "_spare_done", lambda self: True)
+
+    async def run():
+        store = MessageStore(tmp_path)
+        store.open()
+
+        async def lone() -> bool:
+            """One lone publisher's write; True if it was synced on the loop."""
+            before = store.stats["synced_on_loop"]
+            store.enqueue(QUEUE, b"\x00", b"\x01q", b"", b"x")
+            await durable(store)
+            return store.stats["synced_on_loop"] > before
+
+        await lone()               # the first write makes the segment (slow): warm up past it
+        await asyncio.sleep(1.1)
+        await lone()
+        seen = [await lone()]                     # a fast disk: on the loop
+        stall["seconds"] = 0.05
+        seen.append(await lone())                 # the first sync of the stall (it could not know)
+        await asyncio.sleep(1.2)
+        seen += [await lone(), await lone()]      # still stalling, however long since
+        stall["seconds"] = 0.0
+        seen += [await lone(), await lone()]      # fast again, as the writer thread finds first
+        await store.close()
+        return seen
+
+    assert asyncio.run(run()) == [True, True, False, False, False, True]

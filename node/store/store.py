@@ -1,16 +1,23 @@
 """The message store of a node: an append-only segmented log with an in-memory index.
 
 Loop side of the store. Records are appended to an in-memory batch at
-offsets assigned here; one writer thread (see `writer.py`) writes and syncs
-a batch while the next one fills (group commit, CONF-6): a lone publisher
-waits for one sync and no timer, a busy node shares each sync among every
-record that arrived meanwhile. A lone small batch (one waiter, a few
-records) that finds the writer idle is written and synced on the loop
-itself, which then waits for the disk only, not for a thread hand-off each
-way; an inline sync slower than INLINE_SLOW sends every batch to the
-writer thread for INLINE_PAUSE, so a stalling disk cannot hold the loop
-again and again. Waiters registered with `when_durable` run on the loop
-once everything appended before them is on disk.
+offsets assigned here; one writer thread (see `writer.py`) writes and
+syncs a batch while the next one fills (group commit, CONF-6): a lone
+publisher waits for one sync and no timer, a busy node shares each sync
+among every record that arrived meanwhile. A lone small batch (one
+waiter, a few records) that finds the writer idle is written and synced
+on the loop itself, which then waits for the disk only, not for a thread
+hand-off each way. Any sync slower than INLINE_SLOW sends every batch to
+the writer thread until a sync there is fast again, so a stalling disk
+holds the loop once per stall at most: while the loop is held the node
+answers nothing, its pings to the other members included, and a stall of
+seconds would look like a dead node and cause a needless failover. The
+worst case left is that one sync: a disk that stalls without warning,
+just as a lone write is synced on the loop, holds the loop for as long
+as that sync takes; a stall longer than the failure timeout (3 s by
+default) then still looks like a dead node to the other members. Waiters
+registered with `when_durable` run on the loop once everything appended
+before them is on disk.
 
 The index maps each live message id to where its ENQUEUE record lies, so a
 queue can keep only ids for messages it has paged out and read them back
@@ -51,8 +58,8 @@ RETRY_INTERVAL = 1.0
 # a batch of at most this many records and bytes, with one waiter, may be synced on the loop
 INLINE_RECORDS = 4
 INLINE_BYTES = 64 << 10
-INLINE_SLOW = 0.02         # an inline sync slower than this (seconds) ...
-INLINE_PAUSE = 1.0         # ... sends every batch to the writer thread for this long
+INLINE_SLOW = 0.02         # a sync slower than this (seconds) sends every batch to the writer
+                           # thread until one synced there is no slower than it
 # upper bounds (seconds) of the group-commit time histogram
 SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -126,7 +133,7 @@ class MessageStore:
         self._written_waiters: list = []
         self._inflight_end = (1, 0)
         self._kick_handle = None
-        self._inline_after = 0.0                 # monotonic time before which nothing is synced inline
+        self._inline_ok = True                   # the last sync was fast: a lone batch may be synced inline
         self._pending_overlaps = False           # a waiter of the pending batch waits on more than it
         self._read_fds: dict[int, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -326,8 +333,6 @@ class MessageStore:
         self._pending_remove = []
         if inline and self._writer.apply_here(batch):
             self.stats["synced_on_loop"] += 1
-            if batch.seconds > INLINE_SLOW:
-                self._inline_after = time.monotonic() + INLINE_PAUSE
             self._batch_done(batch, inline=True)
         else:
             self._writer.submit(batch)
@@ -337,8 +342,7 @@ class MessageStore:
         pending = self._pending
         return (len(self._pending_waiters) == 1 and not self._pending_overlaps and len(pending) == 1
                 and meta is None and not remove and retry is None and len(pending[0][2]) <= INLINE_RECORDS
-                and pending[0][3] <= INLINE_BYTES
-                and (not self._inline_after or time.monotonic() >= self._inline_after))
+                and pending[0][3] <= INLINE_BYTES and self._inline_ok)
 
     def _batch_done(self, batch: Batch, inline: bool = False) -> None:
         waiters, self._inflight = self._inflight, None
@@ -346,6 +350,10 @@ class MessageStore:
         self.stats["fsyncs"] += batch.fsyncs
         self.stats["sync_seconds"] += batch.seconds
         self.sync_histogram[bisect.bisect_left(SYNC_BUCKETS, batch.seconds)] += 1
+        if batch.seconds > INLINE_SLOW:
+            self._inline_ok = False      # the disk may be stalling: keep it off the loop ...
+        elif not inline:
+            self._inline_ok = True       # ... until the writer thread finds it fast again
         ok = batch.error is None
         if ok:
             self.durable_upto = self._inflight_end
