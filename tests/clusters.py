@@ -260,3 +260,32 @@ def stop_cluster(members, partition) -> None:
                 pass
         m.kill9()
     partition["close"]()
+
+
+# ---- a plain cluster for client tests ------------------------------------------------------------------
+
+def plain_cluster(tmp_path, failure_timeout: float = 3.0):
+    """Three members on loopback that reach each other directly (no proxies to cut)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET)
+    ports = {n: free_port() for n in ("hare1", "hare2", "hare3")}
+    members = [ClusterMember(n, tmp_path / n, ports[n], {p: f"127.0.0.1:{ports[p]}" for p in ports if p != n},
+                             secret_file, failure_timeout)
+               for n in ports]
+    launch(members)
+    return members
+
+
+def not_the_leader(members, timeout: float = 30.0):
+    """A member that is not the Raft metadata leader, once every member names the same leader."""
+    leader, _term = wait_until(lambda: leader_and_term(members), timeout=timeout,
+                               message="the members never agreed on a metadata leader")
+    return next(m for m in members if m.name != leader)
+
+
+def mirror_every_queue(member, vhost: str = "/") -> None:
+    """Policy `ha-all`: every queue (but an exclusive one, as in RabbitMQ) mirrored on every
+    member, synchronised automatically."""
+    control(member, "broker_call", method="set_policy",
+            args=[vhost, "ha-all", ".*", {"ha-mode": "all", "ha-sync-mode": "automatic"}, "queues", 0])

@@ -9,6 +9,8 @@ Every test talks to a broker over TCP, exactly like a real client would.
   an untouched broker.
 * ``own_node`` is a ``fresh_node`` the test may kill/stop; it is skipped in
   reference mode.
+* ``node_or_cluster_member`` (module scope) is the ``node`` of the per-client modules
+  (tests/test_client_*.py): a single node, then a member of a three-node cluster.
 * Reference mode: if ``HAREMQ_TEST_REF_PORT`` is set, nothing is started and
   every fixture points at an already running broker on 127.0.0.1:PORT (a real
   RabbitMQ 3.10, e.g. Debian's rabbitmq-server on a port of its own). Tests use
@@ -274,6 +276,31 @@ def node(tmp_path_factory, request):
     n = _make_node(tmp_path_factory.mktemp(mod), f"hare-{mod.replace('_', '-')}")
     yield n
     n.stop()
+
+
+@pytest.fixture(scope="module", params=["node", "cluster"], ids=["single-node", "cluster"])
+def node_or_cluster_member(tmp_path_factory, request):
+    """The per-client modules' `node`, twice: one broker for the module, then a three-node
+    cluster's member that is not the Raft metadata leader, with every queue mirrored on all three
+    members (queues are mastered where the client declares them, so both the master's and the
+    mirrors' paths run). One cluster per module; skipped in reference mode."""
+    mod = request.module.__name__.rsplit(".", 1)[-1]
+    if request.param == "node":
+        n = _make_node(tmp_path_factory.mktemp(mod), f"hare-{mod.replace('_', '-')}")
+        yield n
+        n.stop()
+        return
+    if IS_REF:
+        pytest.skip("starts a three-node cluster; the reference broker is one node")
+    from tests.clusters import mirror_every_queue, not_the_leader, plain_cluster
+    members = plain_cluster(tmp_path_factory.mktemp(f"{mod}-cluster"))
+    try:
+        member = not_the_leader(members)
+        mirror_every_queue(member)
+        yield member
+    finally:
+        for m in members:
+            m.kill9()
 
 
 @pytest.fixture

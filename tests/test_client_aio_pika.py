@@ -13,6 +13,12 @@ from pamqp import commands as spec
 from tests.conftest import unique_name
 
 
+@pytest.fixture(scope="module")
+def node(node_or_cluster_member):
+    """A single node, then a three-node cluster's member that is not the metadata leader."""
+    return node_or_cluster_member
+
+
 async def ignore(_message) -> None:
     return None
 

@@ -22,6 +22,12 @@ pytestmark = pytest.mark.skipif(
     reason="needs Node.js and amqplib (make test runs npm install in tests/js)")
 
 
+@pytest.fixture(scope="module")
+def node(node_or_cluster_member):
+    """A single node, then a three-node cluster's member that is not the metadata leader."""
+    return node_or_cluster_member
+
+
 def run_js(node, scenario: str) -> dict:
     proc = subprocess.run([NODE, str(JS_DIR / "compat.js"), scenario, node.url.replace("/%2F", "")],
                           capture_output=True, text=True, timeout=60, cwd=str(JS_DIR))

@@ -23,6 +23,12 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
+def node(node_or_cluster_member):
+    """A single node, then a three-node cluster's member that is not the metadata leader."""
+    return node_or_cluster_member
+
+
+@pytest.fixture(scope="module")
 def go_client(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("go") / "compat-go"
     env = dict(os.environ, GOPATH=str(GOPATH), GO111MODULE="off",

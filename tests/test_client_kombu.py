@@ -9,6 +9,12 @@ import pytest
 from tests.conftest import unique_name
 
 
+@pytest.fixture(scope="module")
+def node(node_or_cluster_member):
+    """A single node, then a three-node cluster's member that is not the metadata leader."""
+    return node_or_cluster_member
+
+
 @pytest.fixture
 def conn(node):
     with kombu.Connection(node.url, connect_timeout=10, heartbeat=0) as c:

@@ -7,6 +7,12 @@ import pytest
 from tests.conftest import pika_conn, unique_name
 
 
+@pytest.fixture(scope="module")
+def node(node_or_cluster_member):
+    """A single node, then a three-node cluster's member that is not the metadata leader."""
+    return node_or_cluster_member
+
+
 def test_round_trip(node):
     ch = pika_conn(node).channel()
     q = ch.queue_declare("", exclusive=True).method.queue

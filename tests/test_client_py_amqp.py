@@ -7,6 +7,12 @@ import pytest
 from tests.conftest import HOST, unique_name
 
 
+@pytest.fixture(scope="module")
+def node(node_or_cluster_member):
+    """A single node, then a three-node cluster's member that is not the metadata leader."""
+    return node_or_cluster_member
+
+
 def connect(node, password: str = "guest") -> amqp.Connection:
     conn = amqp.Connection(f"{HOST}:{node.port}", userid="guest", password=password, virtual_host="/",
                            connect_timeout=10, heartbeat=0)

@@ -19,6 +19,12 @@ pytestmark = pytest.mark.skipif(not (RABBITPY_DIR / "rabbitpy").is_dir(),
                                 reason="needs rabbitpy in .tools/rabbitpy (make test installs it)")
 
 
+@pytest.fixture(scope="module")
+def node(node_or_cluster_member):
+    """A single node, then a three-node cluster's member that is not the metadata leader."""
+    return node_or_cluster_member
+
+
 def run_rabbitpy(node, scenario: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(RABBITPY_DIR))
     proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "tests" / "rabbitpy_client.py"), scenario, node.url],
