@@ -69,3 +69,9 @@ def test_message_larger_than_frame_max(go_client, node):
 
 def test_queue_deleted_under_own_consumer(go_client, node):
     assert run_go(go_client, node, "queue_deleted_under_consumer") == {"cancelled": "go-consumer", "deleted": 0}
+
+
+def test_channel_exception_with_close(go_client, node):
+    # amqp091-go's TestChannelExceptionWithCloseIssue43: channel.close 404 (a publish to a missing
+    # exchange) crossing the client's Channel.Close(); the connection's other channel goes on
+    assert run_go(go_client, node, "exception_with_close") == {"rounds": 100}

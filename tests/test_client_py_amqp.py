@@ -88,3 +88,30 @@ def test_queue_deleted_under_own_consumer(conn):
         while True:
             conn.drain_events(timeout=10)
     assert tag not in ch.callbacks
+
+
+def test_no_frame_follows_channel_close_ok(conn):
+    # kombu's test_ack_from_another_thread: another thread's basic.ack and this thread's
+    # channel.close reach the broker together. The ack frees the prefetch; a delivery sent after
+    # the close-ok (py-amqp forgets the channel at close-ok) was `KeyError: 1` in drain_events
+    ch = conn.channel()
+    other = conn.channel()
+    q = unique_name("pyamqp")
+    ch.queue_declare(q, auto_delete=False)
+    for body in (b"one", b"two", b"three"):
+        ch.basic_publish(amqp.Message(body), routing_key=q)
+    ch.basic_qos(0, 1, False)
+    got = []
+    ch.basic_consume(q, callback=got.append)
+    while not got:
+        conn.drain_events(timeout=10)
+    transport, held = conn.transport, []
+    transport._write = lambda data: held.append(bytes(data))      # the ack waits...
+    ch.basic_ack(got[0].delivery_tag)
+    transport._write = lambda data: transport.sock.sendall(b"".join(held) + bytes(data))
+    try:
+        ch.close()                                                   # ...and leaves with the close
+    finally:
+        transport._write = transport.sock.sendall
+    assert other.queue_declare(q, passive=True).message_count == 2     # read on: nothing for channel 1
+    other.queue_delete(q)

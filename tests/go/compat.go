@@ -111,6 +111,19 @@ func main() {
 		must(ch.Publish("", q.Name, false, false, amqp.Publishing{Body: body}))
 		d := get(ch, q.Name)
 		result["size"], result["same"] = len(d.Body), bytes.Equal(d.Body, body)
+	case "exception_with_close":
+		// TestChannelExceptionWithCloseIssue43: a publish to a missing exchange, then Close(); the
+		// server's channel.close 404 and the client's cross (or not: each round takes its chance).
+		// The connection and its other channel `ch` must be unaffected.
+		rounds, still := 100, name("still-here")
+		for i := 0; i < rounds; i++ {
+			c1, err := conn.Channel()
+			must(err)
+			must(c1.Publish(name("missing"), "", false, false, amqp.Publishing{}))
+			c1.Close()
+			must(ch.ExchangeDeclare(still, "direct", false, true, false, false, nil))
+		}
+		result["rounds"] = rounds
 	default:
 		must(fmt.Errorf("unknown scenario %s", scenario))
 	}
