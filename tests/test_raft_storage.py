@@ -12,12 +12,14 @@ import json
 import os
 import stat
 
+import pika
 import pytest
 
 from haremq.cluster.raft import Raft, RaftStorage, StorageFailed
 from haremq.cluster.raft_messages import LogWrite
 from haremq.cluster.raft_storage import RaftStorageError
 from haremq.cluster.rpc import cluster_pb2 as pb
+from tests.conftest import IS_REF, Node, free_port, pika_conn, wait_until
 
 
 class Members:
@@ -225,3 +227,26 @@ def test_the_directory_is_synced_after_a_file_is_created_or_renamed_into_place(t
     storage.write(LogWrite(2, ((4, b"{}"),), whole=((3, b"{}"), (4, b"{}"))))     # a suffix replaced
     assert syncs[-2:] == [("rename", os.stat(directory / "log.jsonl").st_ino), ("dir", ino)]
     assert RaftStorage(directory).entries == [(3, b"{}"), (4, b"{}")]
+
+
+# ---- the node ------------------------------------------------------------------------------------------
+@pytest.mark.skipif(IS_REF, reason="starts and breaks a node process")
+def test_a_node_whose_raft_log_cannot_be_written_stops_with_status_1(tmp_path):
+    class ClusteredNode(Node):
+        def argv(self):
+            return super().argv() + ["--cluster-port", str(free_port())]     # a cluster of one
+
+    node = ClusteredNode("hare-raftfail", tmp_path).start()
+    try:
+        log = node.data_dir / "raft" / "log.jsonl"
+        wait_until(log.exists, timeout=15)
+        log.rename(log.with_suffix(".old"))
+        log.mkdir()                            # every append to the log fails from now on (EISDIR)
+        ch = pika_conn(node).channel()
+        with pytest.raises(pika.exceptions.AMQPError):
+            ch.queue_declare("raft.fail", durable=True)
+        assert node.proc.wait(15) == 1
+        assert "raft storage failed: stopping the node" in node.log_text()
+        assert node.log_text().splitlines()[-1].startswith("haremq: raft storage failed in ")
+    finally:
+        node.kill9()
