@@ -308,24 +308,28 @@ def _still_works(c, channel: int) -> None:
     c.rpc(spec.Queue.Declare(queue="", exclusive=True), channel, spec.Queue.DeclareOk)
 
 
-@pytest.mark.parametrize("order", ["close_then_close_ok", "close_ok_then_close"])
-def test_crossing_channel_closes_leave_the_connection_and_its_other_channels(node, order):
+@pytest.mark.parametrize("order", ["crossing", "not_crossing", "close_after_close_ok"])
+def test_channel_close_crossing_the_servers(node, order):
     # amqp091-go (TestChannelExceptionWithCloseIssue43): a publish to a missing exchange, then
-    # Channel.Close(); the server's channel.close 404 and the client's cross. The client's close
-    # gets close-ok and the channel stays closing until the client's close-ok; the connection and
-    # channel 2 go on. amqp091-go can also answer the server's close before its own close leaves.
+    # Channel.Close(); the server's channel.close 404 and the client's cross. As in RabbitMQ, the
+    # client's close gets close-ok and the channel stays closing until the client's close-ok; the
+    # connection and channel 2 go on. Not crossing: the client answers the 404 and sends no close.
+    # A close after the close-ok is on a channel that is not open: 504, as RabbitMQ 3.10 answers it.
     c = raw_socket(node)
     c.open_channel(1)
     c.open_channel(2)
     c.publish(1, unique_name("missing"), "k", b"lost")
     close = c.expect(spec.Channel.Close, 1)
     assert close.reply_code == 404
-    if order == "close_then_close_ok":
+    if order == "close_after_close_ok":
+        c.send_bytes(pframe.marshal(spec.Channel.CloseOk(), 1) + pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1))
+        close = c.expect_connection_close()
+        assert (close.reply_code, close.reply_text) == (504, "CHANNEL_ERROR - expected 'channel.open'")
+        return
+    if order == "crossing":
         c.send_frame(spec.Channel.Close(200, "", 0, 0), 1)        # sent before the 404 was read
         c.expect(spec.Channel.CloseOk, 1)
-        c.send_frame(spec.Channel.CloseOk(), 1)                   # the answer to the 404
-    else:
-        c.send_bytes(pframe.marshal(spec.Channel.CloseOk(), 1) + pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1))
+    c.send_frame(spec.Channel.CloseOk(), 1)                       # the answer to the 404
     _still_works(c, 2)
     c.open_channel(1)
     _still_works(c, 1)
@@ -399,6 +403,7 @@ def test_a_confirm_ready_at_the_close_goes_before_close_ok(node):
     _still_works(c, 1)
 
 
+@pytest.mark.skipif(IS_REF, reason="RabbitMQ checks a message's size once its body is in")
 def test_nothing_but_close_ok_follows_the_servers_channel_close(node):
     # an ack and then an error found while reading the channel's frames (a message over the
     # size limit), in one read: the delivery the ack allows comes before the channel.close or

@@ -147,7 +147,6 @@ class AMQPConnection:
         self._reader = FrameReader(frame_max)
         self._channels: dict[int, ChannelState] = {}
         self._peer_closed: set[int] = set()      # the client's channel.close not answered yet
-        self._closed_by_us: set[int] = set()     # closed by our channel.close and its close-ok
         self._assembly: dict[int, _Assembly] = {}
         self._publishes: dict[bytes, object] = {}   # method payload -> its decoded basic.publish (read only)
         self._out: list[bytes] = []
@@ -374,20 +373,13 @@ class AMQPConnection:
         return 2
 
     def _on_unopened_channel(self, channel: int, ftype: int, payload: bytes, out: list) -> None:
-        method = decode_method(payload) if ftype == FRAME_METHOD else None
-        if channel in self._closed_by_us:
-            self._closed_by_us.discard(channel)
-            if isinstance(method, Ch.Close):
-                # the client answered our channel.close and then sent its own (amqp091-go can, when
-                # Channel.Close() races its reader): RabbitMQ's channel process has stopped by then,
-                # and the close is lost with it; so it is here, and the connection goes on
-                return
         # channel_max is a count of open channels, not the highest id: as in RabbitMQ, any id up
         # to 65535 may be opened (aiormq picks 65535 first) while fewer than channel_max are open
         if self.channel_max and len(self._channels) >= self.channel_max:
             raise AMQPError(ReplyCode.NOT_ALLOWED,
                             f"number of channels opened ({len(self._channels)}) has reached the "
                             f"negotiated channel_max ({self.channel_max})")
+        method = decode_method(payload) if ftype == FRAME_METHOD else None
         if not isinstance(method, Ch.Open):
             index = getattr(method, "index", 0)
             raise AMQPError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", index >> 16, index & 0xFFFF)
@@ -495,8 +487,9 @@ class AMQPConnection:
         self.send_method(channel, Ch.CloseOk())
 
     def _on_close_ok(self, channel: int) -> None:
+        """The client's answer to our channel.close: the channel is gone (a frame on it after
+        this is on a channel not open, 504, as in RabbitMQ)."""
         del self._channels[channel]
-        self._closed_by_us.add(channel)
 
     def _on_close_after_failure(self, channel: int) -> None:
         self._peer_closed.add(channel)      # answered after our channel.close (`close_channel`)
