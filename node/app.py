@@ -234,10 +234,10 @@ class Node:
             await self.management.stop()
         if self.resources is not None:
             await self.resources.stop()
+        if self.amqp is not None:
+            await self.amqp.shutdown()
         if self.cluster is not None:
             await self.cluster.stop()
-        if self.amqp is not None:
-            await self.amqp.stop()
         if self.store is not None:
             await self.store.close()
         await self.tasks.close()      # but the stop running this, if a signal or failure started it

@@ -219,6 +219,7 @@ class AMQPServer:
         self.protocols: set[AMQPProtocol] = set()
         self._server: asyncio.base_events.Server | None = None
         self._tls_server: asyncio.base_events.Server | None = None
+        self.shut = False          # stopped for good: a pause-minority resume must not reopen it
 
     async def start(self, serving: bool = True) -> None:
         """Bind the listener (so a port in use fails at start); accept clients if `serving`."""
@@ -243,12 +244,20 @@ class AMQPServer:
         self._server = None
 
     async def resume(self) -> None:
+        if self.shut:
+            return
         if self._server is None:
             await self.start()
         elif not self._server.is_serving():
             await self._server.start_serving()
             if self._tls_server is not None:
                 await self._tls_server.start_serving()
+
+    async def shutdown(self) -> None:
+        """The node is stopping: clients go first (320, as RabbitMQ closes them), while the
+        cluster side they may be using through other nodes' queues is still there."""
+        self.shut = True
+        await self.stop()
 
     async def stop(self, reason: str = "shutdown") -> None:
         if self._server is not None:
