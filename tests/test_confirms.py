@@ -4,7 +4,7 @@ Confirm sequence numbers and multiple flags are checked on raw frames.
 """
 import pytest
 from pamqp import commands as spec
-from pika.exceptions import NackError, UnroutableError
+from pika.exceptions import ChannelClosedByBroker, NackError, UnroutableError
 
 from tests.conftest import message_count, pika_conn, raw_socket, unique_name, wait_until
 
@@ -373,3 +373,21 @@ def test_tx_select_twice_is_ok(tx):
     ch.basic_publish("", q, b"x")
     ch.tx_commit()
     assert message_count(observer, q) == 1
+
+
+def test_tx_commit_a_queue_refused_fails_the_commit(conn):
+    """A publish of the transaction refused by its queue (x-overflow reject-publish): as
+    RabbitMQ does, the commit is not answered commit-ok but fails the channel with
+    406 PRECONDITION_FAILED - partial tx completion (RabbitMQ's rabbit_channel complete_tx)."""
+    ch = conn.channel()
+    q = unique_name("txfull")
+    ch.queue_declare(q, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    ch.tx_select()
+    ch.basic_publish("", q, b"fits")
+    ch.basic_publish("", q, b"refused")
+    with pytest.raises(ChannelClosedByBroker) as ei:
+        ch.tx_commit()
+    assert ei.value.reply_code == 406 and ei.value.reply_text == "PRECONDITION_FAILED - partial tx completion"
+    observer = conn.channel()
+    assert message_count(observer, q) == 1       # what the queue took stays: RabbitMQ's tx is not atomic
+    observer.queue_delete(q)

@@ -225,6 +225,12 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
     def _release(self, ok: bool, reply) -> None:
         if self.closed:
             return
+        if not ok and isinstance(reply, cmd.Tx.CommitOk):
+            # a publish of the transaction was refused or not made safe: never commit-ok, but
+            # RabbitMQ's answer (rabbit_channel complete_tx with tx = failed)
+            self.session.fail_channel(self.id, AMQPError(ReplyCode.PRECONDITION_FAILED, "partial tx completion",
+                                                         90, 20))
+            return
         if not ok:
             self.session.log.error("a write was not made durable before this reply", channel=self.id,
                                    reply=reply.name)

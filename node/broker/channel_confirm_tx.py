@@ -49,7 +49,7 @@ class ConfirmTxMethods:
             self._settle(records, requeue=None if kind == "ack" else requeue)
         # CONF-8: commit-ok only once its writes are durable here, held by every in-sync mirror,
         # and safe on the home node of every queue homed elsewhere
-        self._hold(cmd.Tx.CommitOk(), commit if commit.waiting else None)
+        self._hold(cmd.Tx.CommitOk(), commit if commit.waiting or not commit.ok else None)
 
     def _tx_rollback(self, m) -> None:
         if self.mode is not Mode.TX:
