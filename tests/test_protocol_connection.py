@@ -195,3 +195,16 @@ def test_a_channel_error_while_reading_is_closed_by_the_session_in_order():
     assert _types(conn) == [spec.Channel.Close, spec.Channel.CloseOk]   # the client's close, answered
     conn.receive_data(pframe.marshal(spec.Channel.CloseOk(), 1))
     assert conn.open_channels() == [] and conn.state is State.OPEN
+
+
+def test_a_channel_error_after_the_clients_close_is_answered_with_both():
+    # the session fails a channel whose close it has not handled yet (a frame before the close
+    # failed): our channel.close, then close-ok for the client's; the client's close-ok ends it
+    conn = _opened_with(1)
+    got = conn.receive_data(pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1))
+    assert [type(e).__name__ for e in got] == ["ChannelClosedByPeer"]
+    conn.close_channel(1, AMQPError(ReplyCode.NOT_FOUND, "NOT_FOUND - no exchange 'x' in vhost '/'", 60, 40))
+    conn.channel_close_ok(1)                  # the session's answer to the close comes to nothing
+    assert _types(conn) == [spec.Channel.Close, spec.Channel.CloseOk]
+    conn.receive_data(pframe.marshal(spec.Channel.CloseOk(), 1))
+    assert conn.open_channels() == [] and conn.state is State.OPEN

@@ -442,3 +442,21 @@ def test_channel_close_ok_after_the_frames_before_it_are_handled(node):
     c.open_channel(1)
     assert c.rpc(spec.Queue.Declare(queue=q, passive=True), 1, spec.Queue.DeclareOk).message_count == n
     c.rpc(spec.Queue.Delete(queue=q), 1, spec.Queue.DeleteOk)
+
+
+def test_an_error_in_a_held_channel_crosses_its_close(node):
+    # the publish to a missing exchange waits behind a durable declare, the channel's close behind
+    # it: declare-ok, the 404's channel.close, then close-ok for the client's close; the client's
+    # close-ok ends the channel
+    c = raw_socket(node)
+    c.open_channel(1)
+    q = unique_name("held")
+    c.send_bytes(pframe.marshal(spec.Queue.Declare(queue=q, durable=True), 1)
+                 + c.publish_bytes(1, unique_name("missing"), "k", b"lost")
+                 + pframe.marshal(spec.Channel.Close(200, "", 0, 0), 1))
+    frames = _frames_until(c, spec.Channel.CloseOk, 1)
+    assert [type(f) for _ch, f in frames] == [spec.Queue.DeclareOk, spec.Channel.Close, spec.Channel.CloseOk]
+    assert frames[1][1].reply_code == 404
+    c.send_frame(spec.Channel.CloseOk(), 1)
+    c.open_channel(1)
+    c.rpc(spec.Queue.Delete(queue=q), 1, spec.Queue.DeleteOk)
