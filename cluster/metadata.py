@@ -23,6 +23,9 @@ from haremq.node.protocol.replies import AMQPError, ReplyCode
 from .remote_queue import RemoteQueue, fingerprint, hand_over
 
 
+EPOCH_KEY_BITS = 40    # a master of epoch E numbers new messages from E << 40 (keys are uint64)
+
+
 def error_result(err: AMQPError) -> dict:
     return {"error": [int(err.code), err.text, err.class_id, err.method_id]}
 
@@ -157,7 +160,7 @@ class MetadataMachine:
                     for consumer in queue.drop_orphans():
                         consumer.channel.consumer_cancelled_by_broker(consumer)
         if self.mirroring is not None:
-            self.mirroring.node_restarted(c.node)
+            self.mirroring.node_restarted(c.node, c.incarnation)
         if c.node == self.node and c.incarnation == self.incarnation and self.replaying:
             self._replayed(index)
         return {}
@@ -217,9 +220,9 @@ class MetadataMachine:
         return {"promoted": self.mirroring.promoted(c.fields(), self._become_master, self._become_remote)}
 
     def _queue_mirror_synced(self, index, c):
-        if self.mirroring is not None:
-            self.mirroring.mirror_synced(c.fields())
-        return {}
+        if self.mirroring is None:
+            return {"synced": False}
+        return {"synced": self.mirroring.mirror_synced(c.fields())}
 
     def _queue_mirror_dropped(self, index, c):
         if self.mirroring is not None:
@@ -235,6 +238,9 @@ class MetadataMachine:
             self._adopt(queue, old, contents)
         elif state.store_id in self.recovered:
             queue.restore(self.recovered.pop(state.store_id))
+        # new messages get keys no earlier master can have given: another node's memory of what
+        # its client acked (by key and content) must never match a new, identical message
+        queue.next_seq = max(queue.next_seq, state.epoch << EPOCH_KEY_BITS)
         vhost.rebind(old, queue)
         old.replacement = queue          # calls that waited on the old handle are answered here
 

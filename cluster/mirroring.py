@@ -46,6 +46,7 @@ class Mirroring:
         self.replicators: dict[tuple[str, str], Replicator] = {}
         self.mirrors: dict[tuple[str, str], MirrorQueue] = {}
         self.stopping: set[str] = set()      # nodes that said they are shutting down
+        self.incarnations: dict[str, str] = {}   # member -> its latest node.restarted's incarnation
         self._promoting: dict[tuple[str, str], int] = {}
         self._adopted: dict[tuple[str, str], tuple[set, float]] = {}   # publish ids a promotion brought
         self._removed_ids: set = set()      # those the promoted mirror saw removed lately
@@ -276,14 +277,20 @@ class Mirroring:
         self._take_part(state)
         return True
 
-    def mirror_synced(self, c: dict) -> None:
+    def mirror_synced(self, c: dict) -> bool:
         state = self.states.get((c["vhost"], c["name"]))
         if state is None or state.epoch != c["epoch"] or c["node"] not in state.mirrors:
-            return
+            return False
+        incarnation = c.get("incarnation", "")
+        if incarnation and incarnation != self.incarnations.get(c["node"], ""):
+            self.log.warning("mirror not synchronised: it restarted since the master streamed to it",
+                             vhost=state.vhost, queue=state.name, mirror=c["node"])
+            return False
         if c["node"] not in state.synced:
             state.synced.append(c["node"])
             self.log.info("mirror synchronised", vhost=state.vhost, queue=state.name, mirror=c["node"])
         self._synced_changed(state)
+        return True
 
     def mirror_dropped(self, c: dict) -> None:
         state = self.states.get((c["vhost"], c["name"]))
@@ -294,9 +301,10 @@ class Mirroring:
                          mirror=c["node"])
         self._synced_changed(state)
 
-    def node_restarted(self, node: str) -> None:
+    def node_restarted(self, node: str, incarnation: str = "") -> None:
         """A restarted node's mirrors start empty: they are no longer synchronised."""
         self.stopping.discard(node)
+        self.incarnations[node] = incarnation
         for state in self.states.values():
             if node in state.synced:
                 state.synced.remove(node)

@@ -177,8 +177,10 @@ class Replicator:
 
     # ---- confirms (MIR-3) ----------------------------------------------------------------------
     def confirm_nodes(self) -> set[str]:
+        """Every mirror the log calls synchronised, or may call so: one whose "synced" entry is
+        in flight counts even if its stream dropped meanwhile, until the entry is decided."""
         nodes = set(self.state.synced)
-        nodes.update(n for n, link in self.links.items() if link.phase in IN_CONFIRM_SET)
+        nodes.update(n for n, link in self.links.items() if link.phase in IN_CONFIRM_SET or link.proposing)
         nodes.discard(self.mirroring.node)
         return nodes
 
@@ -275,6 +277,7 @@ class MirrorLink:
         self.streaming = False
         self.force_sync = force_sync
         self.proposing = False
+        self.incarnation = ""               # the mirror's, as the log named it when the stream began
         self.dropping: set[str] = set()
         self.closed = False
         self._event = asyncio.Event()
@@ -307,13 +310,21 @@ class MirrorLink:
         self.phase = "proposing"
         self.proposing = True
         state = self.rep.state
-        self.rep.mirroring.submit(QueueMirrorSynced(state.vhost, state.name, self.node, state.epoch),
-                                  self._synced_failed)
+        self.rep.mirroring.cluster.submit(
+            QueueMirrorSynced(state.vhost, state.name, self.node, state.epoch, self.incarnation),
+            self._synced_decided)
 
-    def _synced_failed(self, ok: bool) -> None:
+    def _synced_decided(self, result, err) -> None:
         self.proposing = False
-        if not ok and self.phase == "proposing":
-            self.phase = "catching"      # tried again on the next tick
+        if err is not None:
+            if self.phase == "proposing":
+                self.phase = "catching"      # tried again on the next tick
+        elif not (result or {}).get("synced", True) and not self.closed:
+            # refused in log order (the mirror restarted since this stream began, or the queue
+            # moved): this stream proves nothing; a fresh one syncs it again
+            self.rep.log_.info("mirror's synced entry refused: streaming to it afresh", mirror=self.node)
+            self.phase = "down"
+            self.restart(force_sync=True)
 
     def propose_dropped(self, reason: str) -> None:
         state = self.rep.state
@@ -365,6 +376,7 @@ class MirrorLink:
             keys = rep.queue.keys_upto(self.reconcile_upto)
             reader.cursor = self.reconcile_upto + 1     # newer messages are sent whole
         self.cut_key = rep.queue.next_seq - 1
+        self.incarnation = rep.mirroring.incarnations.get(self.node, "")   # the mirror this stream reaches
         # the id cache as of base: the mirror's copy is replaced by it whatever the sync mode
         # (ids outlive their messages, so no snapshot of the messages brings them)
         ids = rep.queue.dedup.entries() if rep.queue.dedup is not None else []

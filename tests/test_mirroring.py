@@ -92,6 +92,13 @@ def _drain(member, queue, ack=True, limit=None):
     return got
 
 
+def _pump(connection, seconds):
+    """Let a blocking connection take deliveries for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        connection.process_data_events(0.05)
+
+
 def _restart(member):
     member.kill9()
     member.start(timeout=60)
@@ -1027,3 +1034,40 @@ def test_a_mirrored_queue_no_mirror_can_take_over_is_a_clear_404(cluster):
             if c.is_open:
                 c.close()
     assert wait_until(lambda: count() is not None, timeout=20) and count() == 1   # still there
+
+
+def test_an_identical_message_after_a_failover_reaches_a_consumer_that_acked_its_twin(cluster):
+    """A consumer's node remembers what its client acked through the old master (an ack that may
+    not have reached the mirrors) by key and content. A new master numbering from its own highest
+    key gave a new message a key the old one had used: an identical message ("tick") was then
+    taken for the acked one and acked without ever reaching the client."""
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    _policy(hare1, r"^ha\.", {"ha-mode": "nodes", "ha-params": ["hare1", "hare2"], "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1)
+    ch.queue_declare("ha.twins", durable=True)
+    c.close()
+    _synced(hare3, "ha.twins", ["hare2"])
+    cc, cons = _chan(hare3)
+    got = []
+    cons.basic_consume("ha.twins", lambda ch_, m, _p, body: (got.append(body), ch_.basic_ack(m.delivery_tag)))
+    pc, pub = _chan(hare3, confirm=True)
+    pub.basic_publish("", "ha.twins", b"tick", PERSISTENT)
+    wait_until(lambda: cc.process_data_events(0.05) or got == [b"tick"], timeout=10)
+    _pump(cc, 0.5)           # the ack reaches the master, and its removal the mirror
+    hare1.kill9()
+    wait_until(lambda: (lambda r: r and r["master"] == "hare2" and r["state"] == "running")(
+        queue_row(hare3, "ha.twins")), timeout=20)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            pub.basic_publish("", "ha.twins", b"tick", PERSISTENT)
+            break
+        except pika.exceptions.NackError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    wait_until(lambda: cc.process_data_events(0.05) or len(got) == 2, timeout=10,
+               message=f"the second tick never reached the consumer: {got}")
+    assert got == [b"tick", b"tick"]
+    cc.close()
+    pc.close()

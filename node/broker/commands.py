@@ -148,11 +148,14 @@ class QueuePromote(Command, op="queue.promote"):
 
 @dataclass(frozen=True)
 class QueueMirrorSynced(Command, op="queue.mirror_synced"):
-    """A mirror joins the queue's in-sync set (in the queue's epoch)."""
+    """A mirror joins the queue's in-sync set (in the queue's epoch), if the member is still the
+    incarnation the master streamed to (its node.restarted entry's): a mirror that restarted
+    meanwhile holds nothing."""
     vhost: str
     name: str
     node: str
     epoch: int
+    incarnation: str = ""
 
 
 class QueueMirrorDropped(QueueMirrorSynced, op="queue.mirror_dropped"):
