@@ -3,6 +3,7 @@ message whose id was seen within the cache is confirmed and not enqueued again, 
 after a kill -9 and restart, and after a failover of a mirrored queue."""
 from __future__ import annotations
 
+import decimal
 import json
 import time
 
@@ -49,6 +50,39 @@ def test_id_cache_bounds_by_size_and_ttl():
     assert cache.contains(b"b", 10_500) and not cache.contains(b"b", 11_001)   # beyond the TTL
     cache.replace([(b"x", 1), (b"y", 2)])
     assert cache.entries() == []                                         # long expired
+
+
+def _key(**props):
+    from pamqp import commands
+
+    from haremq.node.broker.deduplication import message_key
+    from haremq.node.protocol.properties import encode_properties
+    return message_key(encode_properties(commands.Basic.Properties(**props)))
+
+
+def test_an_id_keeps_its_amqp_type():
+    # as the plugin, which keys its cache by the header's value: 1 and <<"1">> are two ids
+    import datetime
+
+    def header(value):
+        return _key(headers={"x-deduplication-header": value})
+    values = [1, "1", 1.0, True, decimal.Decimal("1"), datetime.datetime.fromtimestamp(1, datetime.timezone.utc),
+              [1], ["1"], {"k": 1}, {"k": "1"}, 0, False, "True", "1.0"]
+    keys = [header(v) for v in values]
+    assert None not in keys and len(set(keys)) == len(values), keys
+    assert header("1") == b"1" and _key(message_id="1") == b"1"       # strings: as logs always held them
+    assert header(bytearray(b"1")) == header("1")                    # a byte array is a string, as in the plugin
+    assert header(2 ** 40) == header(2 ** 40) != header(str(2 ** 40))   # every integer width: one type
+    # a string that is not UTF-8 cannot pass for a typed id, nor a typed id for it
+    assert header(bytearray(b"\xffi1")) != header(1)
+    assert header(bytearray(b"\xffS\xffi1")) != header(bytearray(b"\xffi1"))
+
+
+def test_an_empty_id_is_no_id():
+    for empty in ("", bytearray(), [], {}, None):
+        assert _key(headers={"x-deduplication-header": empty}) is None, empty
+        assert _key(headers={"x-deduplication-header": empty}, message_id="m") == b"m", empty
+    assert _key(message_id="") is None and _key() is None
 
 
 def test_enqueue_records_carry_the_id_and_old_records_read_the_same():
@@ -104,6 +138,30 @@ def test_the_header_wins_over_message_id(cch):
     _publish(cch, q, b"c", message_id="other", header="h1")    # the header was seen: a duplicate
     _publish(cch, q, b"d", message_id="h2")                    # ids share one space
     assert _bodies(cch, q) == [b"a", b"b"]
+
+
+def test_an_integer_and_a_string_id_with_the_same_text_are_two_ids(cch):
+    q = unique_name("dd")
+    _declare(cch, q)
+    _publish(cch, q, b"int", header=1)
+    _publish(cch, q, b"str", header="1")            # not the integer's duplicate
+    _publish(cch, q, b"int-again", header=1)
+    _publish(cch, q, b"str-again", header="1")
+    _publish(cch, q, b"mid", message_id="1")        # a message_id is a string: the string's duplicate
+    _publish(cch, q, b"decimal", header=decimal.Decimal(1))
+    _publish(cch, q, b"bool", header=True)
+    assert _bodies(cch, q) == [b"int", b"str", b"decimal", b"bool"]
+
+
+def test_an_empty_id_deduplicates_nothing(cch):
+    q = unique_name("dd")
+    _declare(cch, q)
+    for i in range(2):
+        _publish(cch, q, b"empty-header-%d" % i, header="")
+        _publish(cch, q, b"empty-id-%d" % i, message_id="")
+        _publish(cch, q, b"empty-header-with-id-%d" % i, message_id="m", header="")   # the message_id decides
+    assert _bodies(cch, q) == [b"empty-header-0", b"empty-id-0", b"empty-header-with-id-0",
+                               b"empty-header-1", b"empty-id-1"]
 
 
 def test_an_id_outlives_its_message(cch):

@@ -11,6 +11,15 @@ a copy published again after the first was consumed is still dropped, which
 is what a replaying producer (a Spark job restarted from its checkpoint)
 needs.
 
+An id keeps its AMQP type, as in the plugin (which keys its cache by the
+header's value, so 1 and <<"1">> differ): the integer 1 and the string "1"
+are two ids. Strings of every kind (longstr, the shortstr message_id, a byte
+array) are one type, integers of every width another, and floats, booleans,
+decimals, timestamps, tables and arrays one each (`message_key`). An empty
+id is no id: a header that is void, an empty string or an empty table or
+array counts as absent (the message_id then decides), and a message with
+neither is enqueued without deduplication.
+
 The cache holds ids only, never bodies: id -> the wall-clock millisecond it
 was first enqueued, oldest first. Wall-clock, because the same entry is read
 back after a restart and on a promoted mirror. Over `x-cache-size` the oldest
@@ -21,6 +30,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from datetime import datetime
+from decimal import Decimal
 
 from ..protocol.properties import decode_properties
 from ..protocol.replies import AMQPError, ReplyCode
@@ -39,12 +50,46 @@ def message_key(props_raw: bytes) -> bytes | None:
         props = decode_properties(props_raw)
     except Exception:  # noqa: BLE001 - the publish path parsed all but the table: a bad table
         raise AMQPError(ReplyCode.SYNTAX_ERROR, "malformed headers table") from None
-    value = (props.headers or {}).get(HEADER)
-    if value is not None:
-        if isinstance(value, bytes):
-            return value
-        return (value if isinstance(value, str) else repr(value)).encode()
-    return props.message_id.encode() if props.message_id else None
+    key = typed_key((props.headers or {}).get(HEADER))
+    if key is not None:
+        return key
+    return typed_key(props.message_id)
+
+
+# A string id is its UTF-8 bytes, as logs and mirrors have always held it. Any other type is
+# 0xFF (never a byte of UTF-8), a letter for the type and the value's text; a string that is
+# not UTF-8 and starts with 0xFF gets the prefix too (0xFF "S"), so no two ids of different
+# types or values share a key.
+_TYPED = 0xFF
+
+
+def typed_key(value) -> bytes | None:
+    """The cache key of one id value as pamqp decodes it, keeping its AMQP type; None for no
+    id (absent, void, or empty)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.encode()
+    if isinstance(value, (bytes, bytearray)):     # longstr, shortstr, byte array: one type
+        if not value:
+            return None
+        value = bytes(value)
+        return value if value[0] != _TYPED else b"\xffS" + value
+    if isinstance(value, bool):                   # before int: a bool is an int in Python
+        return b"\xfft1" if value else b"\xfft0"
+    if isinstance(value, int):                    # every integer width, signed or not
+        return b"\xffi" + str(value).encode()
+    if isinstance(value, float):                  # float and double
+        return b"\xfff" + repr(value).encode()
+    if isinstance(value, Decimal):
+        return b"\xffD" + str(value).encode()
+    if isinstance(value, datetime):               # timestamp: seconds
+        return b"\xffT" + str(int(value.timestamp())).encode()
+    if isinstance(value, (dict, list)):
+        if not value:
+            return None
+        return (b"\xffF" if isinstance(value, dict) else b"\xffA") + repr(value).encode()
+    return b"\xff?" + repr(value).encode()
 
 
 def settings(enabled, size, ttl) -> tuple[int, int | None] | None:
