@@ -85,6 +85,94 @@ def test_an_empty_id_is_no_id():
     assert _key(message_id="") is None and _key() is None
 
 
+class _Clock:
+    """Stands in for the `time` module in node/broker/deduplication.py: a wall clock that can
+    be stepped, and a monotonic one that only moves forward."""
+
+    def __init__(self):
+        self.wall, self.mono = 1_700_000_000.0, 5_000.0
+
+    def time(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def sleep(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+    def step(self, seconds: float) -> None:       # NTP, or an operator, sets the wall clock
+        self.wall += seconds
+
+    def ms(self) -> int:
+        return int(self.wall * 1000)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    from haremq.node.broker import deduplication as dd
+    c = _Clock()
+    monkeypatch.setattr(dd, "time", c)
+    monkeypatch.setattr(dd, "_anchor", None, raising=False)    # read the wall clock afresh
+    return c
+
+
+def _queue(ttl):
+    from haremq.node.broker.queue import Queue
+    return Queue(unique_name("dd"), "/", arguments={"x-message-deduplication": True, "x-cache-size": 100,
+                                                    "x-cache-ttl": ttl})
+
+
+def _enqueued(queue, message_id) -> bool:
+    """Publish a message with this id to an in-memory queue; whether it was enqueued."""
+    from pamqp import commands
+
+    from haremq.node.broker.message import Message
+    from haremq.node.protocol.properties import encode_properties
+    before = queue.message_count
+    queue.publish(Message("", queue.name, encode_properties(commands.Basic.Properties(message_id=message_id)), b"x"))
+    return queue.message_count == before + 1
+
+
+def test_a_step_of_the_wall_clock_moves_no_ttl(clock):
+    q = _queue(ttl=1000)
+    assert _enqueued(q, "back")
+    clock.step(-3600)              # the wall clock goes back an hour
+    clock.sleep(0.9)
+    assert not _enqueued(q, "back")
+    clock.sleep(0.2)               # the TTL has run out: the id counts no longer (not an hour more)
+    assert _enqueued(q, "back")
+
+    assert _enqueued(q, "ahead")
+    clock.step(+3600)              # forward an hour: the id still counts for its TTL
+    clock.sleep(0.5)
+    assert not _enqueued(q, "ahead")
+    clock.sleep(0.6)
+    assert _enqueued(q, "ahead")
+
+
+def test_stamps_from_another_clock_count_at_most_the_ttl_here(clock):
+    """A promoted mirror inherits its old master's stamps (and a restarted node its log's):
+    one from that clock's future counts as seen now, so the id lives a TTL here at most; one
+    from a clock behind expires early by the difference, no more."""
+    import types
+    q = _queue(ttl=1000)
+    now = clock.ms()
+    q.adopt(types.SimpleNamespace(keys=[], dedup=[(b"future", now + 3_600_000), (b"behind", now - 300)]))
+    clock.sleep(0.6)
+    assert not _enqueued(q, "future") and not _enqueued(q, "behind")
+    clock.sleep(0.2)               # 0.8 s: 'behind' was stamped 1.1 s ago by its clock
+    assert _enqueued(q, "behind") and not _enqueued(q, "future")
+    clock.sleep(0.3)               # 1.1 s since the promotion: 'future' no longer counts (not for an hour)
+    assert _enqueued(q, "future")
+
+    from haremq.node.broker.deduplication import IdCache
+    mirror = IdCache(10)           # a mirror applies its master's stamps as they come
+    mirror.add(b"m", clock.ms() + 3_600_000)
+    assert mirror.entries() == [(b"m", clock.ms())]
+
+
 def test_enqueue_records_carry_the_id_and_old_records_read_the_same():
     from haremq.node.store import records as rec
     plain = rec.enqueue(7, 42, 0, b"\x02ex", b"\x02rk", b"\x00\x00", b"body")

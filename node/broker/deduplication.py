@@ -20,11 +20,23 @@ id is no id: a header that is void, an empty string or an empty table or
 array counts as absent (the message_id then decides), and a message with
 neither is enqueued without deduplication.
 
-The cache holds ids only, never bodies: id -> the wall-clock millisecond it
-was first enqueued, oldest first. Wall-clock, because the same entry is read
-back after a restart and on a promoted mirror. Over `x-cache-size` the oldest
-id goes; an id older than `x-cache-ttl` no longer counts. How the cache is
-kept durable and replicated is in docs/architecture.md.
+The cache holds ids only, never bodies: id -> the millisecond it was first
+enqueued, oldest first. Over `x-cache-size` the oldest id goes; an id older
+than `x-cache-ttl` no longer counts. How the cache is kept durable and
+replicated is in docs/architecture.md.
+
+Time. The stamps travel (in the store, to mirrors, to a promoted mirror), so
+they are milliseconds of wall-clock time; but a node measures them with
+`now_ms`, the wall clock read once and then advanced by the monotonic clock,
+so stepping a node's clock (NTP, an operator) moves no TTL on that node. A
+stamp that comes from elsewhere (a recovered log written before a restart, a
+master whose clock is ahead of this one) and lies in this node's future is
+taken as seen now: an id never counts for longer than the TTL after it
+reached this node. A stamp from a clock behind this one makes the id expire
+early by that difference, and never more. The plugin stamps each entry with
+the system time of the node that inserts it and expires it by the system time
+of the node that reads it, so a clock stepped back keeps its ids for the step
+on top of the TTL; HareMQ bounds that to the TTL.
 """
 from __future__ import annotations
 
@@ -39,8 +51,17 @@ from ..protocol.replies import AMQPError, ReplyCode
 HEADER = "x-deduplication-header"
 
 
+_anchor: float | None = None      # wall-clock seconds minus monotonic seconds, fixed at first use
+
+
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    """This node's millisecond for the id caches: wall-clock time as of the first call, from
+    then on advanced by the monotonic clock (a step of the wall clock moves no TTL here)."""
+    global _anchor
+    mono = time.monotonic()
+    if _anchor is None:
+        _anchor = time.time() - mono
+    return int((_anchor + mono) * 1000)
 
 
 def message_key(props_raw: bytes) -> bytes | None:
@@ -124,7 +145,8 @@ def check_args(arguments: dict) -> tuple[str, str] | None:
 
 class IdCache:
     """id -> first-seen ms, oldest first, at most `size` of them; ids older than `ttl` ms
-    do not count. `dropped` counts the duplicates the queue let go."""
+    do not count. `dropped` counts the duplicates the queue let go. Every stamp held is at
+    most `now_ms()` as of when it came in: one from another clock's future counts as now."""
 
     __slots__ = ("size", "ttl", "seen", "dropped")
 
@@ -151,7 +173,11 @@ class IdCache:
         return True
 
     def add(self, key: bytes, at: int) -> None:
-        """Remember key as seen at `at` (the newest entry now)."""
+        """Remember key as seen at `at` (the newest entry now); a stamp in this node's future
+        (a master's clock ahead of this one) counts as now."""
+        now = now_ms()
+        if at > now:
+            at = now
         seen = self.seen
         if key in seen:
             seen.move_to_end(key)
@@ -172,11 +198,16 @@ class IdCache:
 
     def entries(self) -> list[tuple[bytes, int]]:
         """Every id still counted, oldest first: what a snapshot or a new mirror gets."""
-        self._trim(now_ms())
-        return list(self.seen.items())
+        now = now_ms()
+        self._trim(now)
+        if self.ttl is None:
+            return list(self.seen.items())
+        horizon = now - self.ttl       # stamps from several clocks need not be in order
+        return [(key, at) for key, at in self.seen.items() if at > horizon]
 
     def replace(self, entries) -> None:
-        """Start over from (id, ms) pairs, oldest first (a recovered log, a promoted mirror)."""
+        """Start over from (id, ms) pairs, oldest first (a recovered log, a promoted mirror);
+        a stamp in this node's future counts as now."""
         self.seen.clear()
         for key, at in entries:
             self.add(key, at)
