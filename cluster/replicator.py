@@ -180,7 +180,8 @@ class Replicator:
         """Every mirror the log calls synchronised, or may call so: one whose "synced" entry is
         in flight counts even if its stream dropped meanwhile, until the entry is decided."""
         nodes = set(self.state.synced)
-        nodes.update(n for n, link in self.links.items() if link.phase in IN_CONFIRM_SET or link.proposing)
+        nodes.update(n for n, link in self.links.items()
+                     if link.phase in IN_CONFIRM_SET or link.proposing or link.owed)
         nodes.discard(self.mirroring.node)
         return nodes
 
@@ -266,6 +267,9 @@ class MirrorLink:
         # a promoted master's first stream to a mirror that was in sync with the old master: keys
         # up to this one are sent as keys only, and the mirror asks for what it lacks
         self.reconcile_upto = reconcile_upto
+        # such a mirror had every confirmed message: until its first stream ends, confirms wait
+        # for it as they did under the old master (a promotion must not leave one copy)
+        self.owed = reconcile_upto is not None
         self.fills: deque = deque()         # key lists the mirror asked for
         self.phase = "connecting"
         self.acked = 0
@@ -303,6 +307,7 @@ class MirrorLink:
             self._call.cancel()
 
     def caught_up_from(self, seq: int) -> None:
+        self.owed = False
         self.phase = "catching"
         self.join_seq = seq
 
@@ -341,6 +346,7 @@ class MirrorLink:
                 continue
             peer = mirroring.peer(self.node)
             if peer is None or not mirroring.is_up(self.node):
+                self.owed = False
                 self.phase = "down"
                 await asyncio.sleep(0.2)
                 continue
@@ -360,6 +366,7 @@ class MirrorLink:
             finally:
                 self.streaming = False
                 self._call = None
+                self.owed = False
             if self.phase != "synced":
                 self.phase = "down"
             await asyncio.sleep(0.1)
