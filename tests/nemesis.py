@@ -24,6 +24,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -65,6 +66,7 @@ POLICIES = (
     ("nem-nodes", r"^nem\.nodes$", {"ha-mode": "nodes", "ha-params": ["hare1", "hare2"],
                                     "ha-sync-mode": "automatic"}),
 )
+DISK_MB = 512                       # each member's data filesystem, for the disk-full fault
 IDENTICAL = b"tick"                 # every tenth message of a publisher, on every queue but dedup
 
 
@@ -81,9 +83,35 @@ class Mesh:
                                       {p: f"127.0.0.1:{self.proxies[(n, p)].port}" for p in NAMES if p != n},
                                       secret_file, failure_timeout) for n in NAMES]
         self.by_name = {m.name: m for m in self.members}
+        self.small_disks = all(self._small_disk(m.data_dir) for m in self.members)
+
+    @staticmethod
+    def _small_disk(path: Path) -> bool:
+        """Each member's data dir on a filesystem of its own (a tmpfs), which the disk-full fault
+        fills; where mounting is not allowed (not root), that fault is left out."""
+        path.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() != 0:
+            return False
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(path)],
+                              capture_output=True)
+        return done.returncode == 0
+
+    def fill_disk(self, name: str) -> Path:
+        """Take every free byte of a member's data filesystem; the file returned gives them back."""
+        filler = self.by_name[name].data_dir / "nemesis-filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            for size in (1 << 20, 4096, 1):
+                try:
+                    while os.write(fd, b"\0" * size):
+                        pass
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        return filler
 
     def start(self, names=NAMES) -> None:
-        import subprocess
         for name in names:
             m = self.by_name[name]
             if m.proc is not None and m.proc.poll() is None:
@@ -132,6 +160,9 @@ class Mesh:
             self.kill(m.name)
         for proxy in self.proxies.values():
             proxy.close()
+        if self.small_disks:
+            for m in self.members:
+                subprocess.run(["umount", "-l", str(m.data_dir)], capture_output=True)
 
 
 # ---- the load ---------------------------------------------------------------------------------
@@ -280,8 +311,8 @@ class Nemesis:
     """Applies faults from a seed; at most one member is away at a time, but for whole-cluster
     restarts (so the cluster keeps a majority between them)."""
 
-    KINDS = ("kill-master", "kill-member", "kill-leader", "pause", "isolate", "bridge", "restart-all")
-    WEIGHTS = (4, 3, 2, 2, 2, 2, 1)
+    KINDS = ("kill-master", "kill-member", "kill-leader", "pause", "isolate", "bridge", "restart-all", "disk-full")
+    WEIGHTS = (4, 3, 2, 2, 2, 2, 1, 2)
 
     def __init__(self, mesh: Mesh, seed: int, log=print):
         self.mesh = mesh
@@ -293,6 +324,8 @@ class Nemesis:
 
     def step(self, index: int) -> str:
         kind = self.rng.choices(self.KINDS, self.WEIGHTS)[0]
+        if kind == "disk-full" and not self.mesh.small_disks:
+            kind = "pause"
         if self.down is not None and kind not in ("restart-all",):
             self.down_for -= 1
             if self.down_for <= 0:
@@ -377,6 +410,21 @@ class Nemesis:
         time.sleep(seconds)
         self.mesh.heal()
         return f"{a} and {b} cut from each other (both see the third) for {seconds:.1f} s"
+
+    def _disk_full(self) -> str:
+        """A member's disk full for a while: publishes are nacked (the disk alarm); a member that
+        cannot write its metadata log stops, and is started again once there is room."""
+        name = self.rng.choice(self._alive())
+        seconds = self.rng.uniform(1.0, 6.0)
+        filler = self.mesh.fill_disk(name)
+        time.sleep(seconds)
+        filler.unlink()
+        if self.mesh.running(name):
+            return f"{name}'s disk full for {seconds:.1f} s"
+        self.mesh.by_name[name].kill9()           # reap it
+        self.mesh.start([name])
+        self.mesh.wait_serving([name])
+        return f"{name}'s disk full for {seconds:.1f} s: it stopped, started again"
 
     def _restart_all(self) -> str:
         power_cut = self.rng.random() < 0.5
