@@ -106,15 +106,27 @@ connectTimeout (10 s), reconnectTimeout (60 s), heartbeat (server's), sessionChe
 
 Effectively once. With `deduplication=true` the sink puts an id on every row, in the header
 `x-deduplication-header` that a deduplicating HareMQ queue (x-message-deduplication) drops
-repeats by: the row's `dedup_id` column when the frame has one (the source's is the
-message_id, or a hash of the message), else `spark:<query id>:<batch id>:<partition>:<row>`,
-read from the task's local properties, which Spark reproduces when it runs a batch again from
-a replayable source. A batch replayed after a crash is then published again and dropped by the
-queue, each row confirmed.
+repeats by. The id must name the same message every time Spark writes it again, and two
+distinct messages never:
+
+* The row's `dedup_id` column when the frame has one. The source's is the message_id property,
+  or null without one. AMQP 0-9-1 has nothing else that follows a message through its
+  redeliveries: a delivery tag belongs to one channel (the restarted job's consumer gets new
+  ones), `redelivered` only says the message was delivered before, and the content does not
+  tell two messages apart that were published alike on purpose (a "tick" sent twice): an id
+  made from it would make the second tick a duplicate of the first. So exactly-once from
+  a queue needs a message_id set by the producer (or an id the job derives into `dedup_id`),
+  and a row whose `dedup_id` is null or empty fails the task with that said (`NO_DEDUP_ID`):
+  publishing it without an id would break the promise the option makes without a word.
+* Without that column (a streaming query from a source Spark replays identically per batch:
+  files, Kafka, `rate`), `spark:<query id>:<batch id>:<partition>:<row>`, read from the task's
+  local properties.
+
+A batch replayed after a crash is then published again and dropped by the queue, each row
+confirmed.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
@@ -409,20 +421,10 @@ def _header_text(v) -> Optional[str]:
     return str(v)
 
 
-def dedup_id(d: Delivery, headers) -> str:
-    """The message_id property if set, else a hash of everything a redelivery keeps the same."""
-    mid = d.properties.message_id
-    if mid:
-        return mid
-    h = hashlib.blake2b(digest_size=16)
-    h.update(d.exchange.encode())
-    h.update(b"\0")
-    h.update(d.routing_key.encode())
-    h.update(b"\0")
-    h.update(repr(sorted((k, v) for k, v in vars(d.properties).items() if v is not None)).encode())
-    h.update(b"\0")
-    h.update(d.body)
-    return "b2:" + h.hexdigest()
+def dedup_id(d: Delivery) -> Optional[str]:
+    """The message_id property, or None: see "Effectively once" in the module docstring for
+    why nothing else can stand in for it."""
+    return d.properties.message_id or None
 
 
 def deliveries_to_arrow(deliveries: List[Delivery], schema: pa.Schema) -> pa.RecordBatch:
@@ -443,7 +445,7 @@ def deliveries_to_arrow(deliveries: List[Delivery], schema: pa.Schema) -> pa.Rec
         ts[i] = p.timestamp * 1_000_000 if p.timestamp is not None else None
         prio[i] = p.priority
         dm[i] = p.delivery_mode
-        ids[i] = dedup_id(d, h)
+        ids[i] = dedup_id(d)
     ptype = schema.field("properties").type
     pfields = [ptype.field(i) for i in range(ptype.num_fields)]
     props = pa.StructArray.from_arrays(
@@ -496,29 +498,14 @@ class _Publishing:
         o = self.options
         mode = 2 if o.persistent else None
         shared = pika.BasicProperties(delivery_mode=mode)
-        place = _place_prefix() if o.deduplication and (not self.has_dedup_id or self.streaming) else None
-        row = 0
+        if o.deduplication:
+            yield from self._identified(batches, mode)
+            return
         for batch in batches:
             bodies = batch.column("body").to_pylist()
             keys = batch.column("routingKey").to_pylist() if self.has_rk else None
             headers = batch.column("headers").to_pylist() if self.has_headers else None
             props = batch.column("properties").to_pylist() if self.has_props else None
-            if o.deduplication:
-                ids = batch.column("dedup_id").to_pylist() if self.has_dedup_id else [None] * len(bodies)
-                for i, b in enumerate(bodies):
-                    ident = ids[i]
-                    if ident is None:
-                        if place is None:
-                            raise HareMQError("haremq sink: a row without a dedup_id in a batch write "
-                                              "with option 'deduplication'")
-                        ident = place + str(row + i)
-                    h = dict(headers[i]) if headers is not None and headers[i] else {}
-                    h[DEDUP_HEADER] = ident
-                    key = keys[i] if keys is not None and keys[i] is not None else o.routing_key
-                    yield Outgoing(key, b.encode("utf-8") if isinstance(b, str) else (b or b""),
-                                   _properties(h, props[i] if props is not None else None, mode))
-                row += len(bodies)
-                continue
             for i, b in enumerate(bodies):
                 if isinstance(b, str):
                     b = b.encode("utf-8")
@@ -532,6 +519,41 @@ class _Publishing:
                     p = _properties(headers[i] if headers is not None else None,
                                     props[i] if props is not None else None, mode)
                 yield Outgoing(key, b, p)
+
+    def _identified(self, batches: Iterator[pa.RecordBatch], mode) -> Iterator[Outgoing]:
+        """Option deduplication: every row with its id in the header x-deduplication-header,
+        the dedup_id column's, or without that column the row's place in its micro-batch."""
+        o = self.options
+        place = None if self.has_dedup_id else _place_prefix()
+        row = 0
+        for batch in batches:
+            bodies = batch.column("body").to_pylist()
+            keys = batch.column("routingKey").to_pylist() if self.has_rk else None
+            headers = batch.column("headers").to_pylist() if self.has_headers else None
+            props = batch.column("properties").to_pylist() if self.has_props else None
+            ids = batch.column("dedup_id").to_pylist() if self.has_dedup_id else None
+            if ids is not None and not all(ids):
+                raise HareMQError(NO_DEDUP_ID)
+            for i, b in enumerate(bodies):
+                body = b.encode("utf-8") if isinstance(b, str) else (b or b"")
+                key = keys[i] if keys is not None and keys[i] is not None else o.routing_key
+                h = dict(headers[i]) if headers is not None and headers[i] else {}
+                p = props[i] if props is not None else None
+                if ids is not None:
+                    ident = ids[i]
+                else:
+                    ident = place + str(row + i)
+                h[DEDUP_HEADER] = ident
+                yield Outgoing(key, body, _properties(h, p, mode))
+            row += len(bodies)
+
+
+NO_DEDUP_ID = (
+    "haremq sink: option 'deduplication' is on and a row's dedup_id is null or empty. From the "
+    "HareMQ source that is a message published without a message_id: nothing in AMQP 0-9-1 tells a "
+    "redelivered message from another with the same content, so such a row cannot be deduplicated. "
+    "Have the producer set a message_id on every message, or put an id of your own in the dedup_id "
+    "column (stable across a restart of the job), or drop the option")
 
 
 def _place_prefix() -> str:

@@ -149,9 +149,11 @@ def _counts(url: str, queue: str):
         conn.close()
 
 
-def _fill(url: str, queue: str, bodies) -> int:
-    props = pika.BasicProperties(delivery_mode=2)
-    return ConfirmingPublisher(parse_uris(url, "test"), "").publish(Outgoing(queue, b, props) for b in bodies)
+def _fill(url: str, queue: str, bodies, ids: bool = False) -> int:
+    """Publish `bodies`, each with message_id = its body's text if `ids`."""
+    def props(body):
+        return pika.BasicProperties(delivery_mode=2, message_id=body.decode() if ids else None)
+    return ConfirmingPublisher(parse_uris(url, "test"), "").publish(Outgoing(queue, b, props(b)) for b in bodies)
 
 
 class Drain:
@@ -259,7 +261,7 @@ def test_job_sigkilled_mid_stream_and_restarted_loses_nothing(node, tmp_path):
     src, dst = _name("kill.in"), _name("kill.out")
     _declare(node.url, src, dst)
     bodies = [f"k-{i:06d}".encode() for i in range(n)]
-    assert _fill(node.url, src, bodies) == n
+    assert _fill(node.url, src, bodies, ids=True) == n     # the job's output message_id is the input's
     expected = {b.upper() for b in bodies}  # the example job upper-cases bodies
     ck, log = tmp_path / "ck", tmp_path / "job.log"
     drain = Drain(node.url, dst)
@@ -542,7 +544,7 @@ def test_rows_carry_the_message_and_routing_key_column_overrides(spark, node, tm
         ("text/plain", "c-1", "m-1", 3, 2)
     assert int(p.timestamp.timestamp()) == 1700000000
     assert first.dedup_id == "m-1"
-    assert second.dedup_id.startswith("b2:") and second.headers == {}
+    assert second.dedup_id is None and second.headers == {}     # no message_id: no id
 
     # The batch writer, with a routingKey column overriding the routingKey option.
     out = spark.createDataFrame([("to-a", a), ("to-b", b), ("default", None)], "body string, routingKey string")
@@ -566,6 +568,82 @@ def test_trigger_available_now_reads_the_backlog_acks_it_and_ends(spark, node, t
 
 
 # --------------------------------------------------------------------------- effectively once
+
+# The ids the connector gives rows for a deduplicating queue, without Spark.
+
+def _delivery(tag: int, message_id=None):
+    from haremq.pipeline.amqp import Delivery
+    return Delivery(tag, "", "ticks", False, pika.BasicProperties(delivery_mode=2, message_id=message_id), b"tick")
+
+
+def test_source_gives_two_identical_messages_without_a_message_id_no_shared_id():
+    """Two ticks published alike on purpose are two messages: the source must not give them one
+    dedup_id (a content hash did, and a deduplicating sink kept one). With no message_id there is
+    nothing stable to name them by, so they have none."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from haremq.pipeline.datasource import SOURCE_SCHEMA, deliveries_to_arrow
+    batch = deliveries_to_arrow([_delivery(1), _delivery(2), _delivery(3, "m-1"), _delivery(4, "")],
+                                to_arrow_schema(SOURCE_SCHEMA, timezone="UTC"))
+    ids = batch.column("dedup_id").to_pylist()
+    assert ids[0] is None or ids[0] != ids[1], f"two ticks share the dedup_id {ids[0]}"
+    assert ids == [None, None, "m-1", None]
+
+
+def _sink(monkeypatch, columns: str, place: str = "spark:q:7:0:"):
+    """A streaming writer with deduplication for string `columns` ("body,dedup_id"), its task
+    at `place`."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from haremq.pipeline import datasource
+    monkeypatch.setattr(datasource, "_place_prefix", lambda: place)
+    options = datasource.SinkOptions(uri="amqp://guest:guest@127.0.0.1:1/%2F", exchange="", routing_key="out",
+                                     persistent=True, mandatory=True, window=10, confirm_timeout=1.0,
+                                     connect_timeout=1.0, deduplication=True)
+    return datasource.HareMQStreamWriter(options, StructType([StructField(c, StringType()) for c in columns.split(",")]))
+
+
+def _published(writer, *batches):
+    """(body, x-deduplication-header) of each message the writer publishes for these Arrow batches."""
+    import pyarrow as pa
+    return [(m.body, m.properties.headers["x-deduplication-header"])
+            for m in writer._messages(pa.RecordBatch.from_pylist(rows) for rows in batches)]
+
+
+def test_sink_refuses_a_row_without_a_dedup_id_when_deduplicating(monkeypatch):
+    """The dedup_id column is what names a row; a row that has none (an input message without a
+    message_id) fails the task saying so, rather than go out without deduplication."""
+    from haremq.pipeline.amqp import HareMQError
+    writer = _sink(monkeypatch, "body,dedup_id")
+    assert _published(writer, [{"body": "a", "dedup_id": "m-1"}]) == [(b"a", "m-1")]
+    for missing in (None, ""):
+        with pytest.raises(HareMQError, match="dedup_id is null or empty.*message_id"):
+            _published(writer, [{"body": "a", "dedup_id": "m-1"}, {"body": "tick", "dedup_id": missing}])
+
+
+def test_ticks_without_a_message_id_fail_a_deduplicating_sink_and_stay_in_the_input(spark, node, tmp_path):
+    src, dst = _name("tick.in"), _name("tick.out")
+    _declare(node.url, src)
+    conn, ch = _channel(node.url)
+    ch.queue_declare(dst, durable=True, arguments={"x-message-deduplication": True, "x-cache-size": 100})
+    conn.close()
+    _fill(node.url, src, [b"tick", b"tick"])
+    q = (spark.readStream.format("haremq").option("uri", node.url).option("queue", src).load()
+         .select("body", "dedup_id").writeStream.format("haremq").option("uri", node.url)
+         .option("routingKey", dst).option("deduplication", "true")
+         .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        q.awaitTermination(60)
+        pytest.fail("the query did not fail")
+    except Exception as e:  # noqa: BLE001 - the point is the text
+        text = str(e)
+    finally:
+        q.stop()
+    assert "dedup_id is null or empty" in text and "message_id" in text, text
+    ready, _ = _wait_consumers_gone(node.url, src)
+    assert ready == 2 and _counts(node.url, dst)[0] == 0
+
+
 
 def _count(urls, queue: str):
     """Messages ready in `queue`, asked of the first node that answers (None if none does)."""

@@ -3,7 +3,8 @@
     python -m pipeline.examples.tools fill  --uri URI --queue orders.in --count 10000 [--also orders.out]
     python -m pipeline.examples.tools drain --uri URI --queue orders.out
 
-`fill` publishes bodies "order-000000", "order-000001", ... with publisher confirms;
+`fill` publishes bodies "order-000000", "order-000001", ... with publisher confirms, each with
+its body as its message_id (what the job's deduplication needs);
 `drain` consumes what is there and prints how many messages, how many distinct bodies, and
 how many duplicates (same message_id) it saw.
 """
@@ -24,9 +25,11 @@ def fill(uri: str, queue: str, count: int, also=()) -> int:
     for q in (queue, *also):
         ch.queue_declare(q, durable=True)
     conn.close()
-    props = pika.BasicProperties(delivery_mode=2, content_type="text/plain")
-    return ConfirmingPublisher(parse_uris(uri, "fill"), "").publish(
-        Outgoing(queue, f"order-{i:06d}".encode(), props) for i in range(count))
+    def message(i):
+        body = f"order-{i:06d}"
+        return Outgoing(queue, body.encode(), pika.BasicProperties(delivery_mode=2, content_type="text/plain",
+                                                                   message_id=body))
+    return ConfirmingPublisher(parse_uris(uri, "fill"), "").publish(message(i) for i in range(count))
 
 
 def drain(uri: str, queue: str, idle: float = 2.0):

@@ -4,14 +4,15 @@
         --source orders.in --target orders.out --checkpoint /tmp/orders-ck
 
 The transform upper-cases the body, adds the header x-processed-by=spark and sets the
-message_id property of each output message to the input's dedup_id, so a consumer of the
-target queue can drop the duplicates that at-least-once delivery allows (after a crash, the
-batch in flight is delivered again). Runs until stopped; kill it at any point and start it
-again with the same --checkpoint: nothing is lost.
+message_id property of each output message to the input's dedup_id (its message_id), so a
+consumer of the target queue can drop the duplicates that at-least-once delivery allows (after
+a crash, the batch in flight is delivered again). Runs until stopped; kill it at any point and
+start it again with the same --checkpoint: nothing is lost.
 
 With --deduplication the sink sends each row's dedup_id in the header x-deduplication-header;
 into a target queue declared with x-message-deduplication (and an x-cache-size at least what can
-be in flight across a restart) nothing arrives twice either.
+be in flight across a restart) nothing arrives twice either. Every input message then needs a
+message_id: one without fails the batch (see "Effectively once" in pipeline/README.md).
 """
 from __future__ import annotations
 
