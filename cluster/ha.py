@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from haremq.node.broker.queue import is_quorum  # noqa: F401 - the mirroring code asks it here
+
 def mirror_nodes(definition: dict | None, home: str, members: list[str]) -> list[str]:
     """The nodes other than `home` that should hold a mirror, in a fixed order."""
     if not definition or "ha-mode" not in definition:
@@ -31,6 +33,21 @@ def mirror_nodes(definition: dict | None, home: str, members: list[str]) -> list
     return [n for n in ordered if n in wanted]
 
 
+QUORUM_DEFAULT_GROUP = 3      # RabbitMQ's default x-quorum-initial-group-size: up to three members
+# what a quorum-declared queue is mirrored with, no policy needed; a policy's ha- keys other than
+# ha-mode and ha-params (the group is fixed when the queue is declared) apply on top
+QUORUM_DEFAULTS = {"ha-mode": "exactly", "ha-sync-mode": "automatic", "ha-promote-on-failure": "when-synced",
+                   "ha-promote-on-shutdown": "when-synced"}
+
+
+def quorum_group(arguments: dict, home: str, members: list[str]) -> list[str]:
+    """The members of a quorum-declared queue: the declaring node first, then the next ones,
+    `x-quorum-initial-group-size` in all (default three, at most one per member)."""
+    size = arguments.get("x-quorum-initial-group-size")
+    size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else QUORUM_DEFAULT_GROUP
+    return [home, *mirror_nodes({"ha-mode": "exactly", "ha-params": size}, home, members)]
+
+
 @dataclass
 class HAState:
     """One mirrored queue as the metadata log records it."""
@@ -43,6 +60,13 @@ class HAState:
     synced: list[str] = field(default_factory=list)      # synchronised mirrors, oldest first
     durable: bool = False
     store_id: int = 0
+    group: list[str] | None = None      # a quorum-declared queue's members, fixed at declaration
+
+    def placement(self, members: list[str]) -> list[str]:
+        """The mirrors: from the group for a quorum-declared queue, else from the policy."""
+        if self.group is not None:
+            return [n for n in self.group if n != self.home and n in members]
+        return mirror_nodes(self.definition, self.home, members)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -73,5 +97,8 @@ class HAState:
         return None
 
     def as_json(self) -> dict:
-        return {"master": self.home, "epoch": self.epoch, "mirrors": list(self.mirrors),
-                "synchronised_mirrors": list(self.synced)}
+        row = {"master": self.home, "epoch": self.epoch, "mirrors": list(self.mirrors),
+               "synchronised_mirrors": list(self.synced)}
+        if self.group is not None:
+            row["members"] = list(self.group)
+        return row

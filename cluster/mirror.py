@@ -41,11 +41,12 @@ class MirrorQueue:
     held in memory, up to HELD_LIMIT, then logged as transient too); a non-durable queue's
     messages are held in memory, as on its master."""
 
-    def __init__(self, vhost: str, name: str, store=None, store_id: int = 0):
+    def __init__(self, vhost: str, name: str, store=None, store_id: int = 0, persist_all: bool = False):
         self.vhost = vhost
         self.name = name
         self.store = store if store_id else None
         self.store_id = store_id
+        self.persist_all = persist_all          # a quorum queue: transient messages are logged too
         self.ids: dict[int, int] = {}           # key -> store msg id
         self.held: dict[int, object] = {}       # key -> Message kept in memory
         self.delivered: set[int] = set()        # keys delivered (or requeued) on the master
@@ -171,10 +172,11 @@ class MirrorQueue:
         if op.dedup_id and self.dedup is not None:
             seen = (op.dedup_id, op.dedup_seen_ms)
             self.dedup.add(*seen)
-        if store is not None and (message.persistent or len(self.held) >= HELD_LIMIT):
+        persistent = message.persistent or self.persist_all
+        if store is not None and (persistent or len(self.held) >= HELD_LIMIT):
             self.ids[key] = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
                                           message.props_raw, message.body, delivered=op.redelivered,
-                                          transient=not message.persistent, dedup=seen)
+                                          transient=not persistent, dedup=seen)
         else:
             self.held[key] = message
         if op.redelivered:

@@ -26,7 +26,7 @@ from haremq.node.broker.commands import Command, QueuePromote
 from haremq.node.broker.policy import winning
 from haremq.node.tasks import TaskGroup
 
-from .ha import HAState, mirror_nodes
+from .ha import QUORUM_DEFAULTS, HAState, is_quorum, quorum_group
 from .mirror import MirrorQueue
 from .replicator import Replicator
 
@@ -91,12 +91,13 @@ class Mirroring:
         await self.tasks.close()
 
     # ---- the log's record ------------------------------------------------------------------
-    def _definition(self, vhost_name: str, queue_name: str) -> dict:
+    def _definition(self, vhost_name: str, queue_name: str, quorum: bool = False) -> dict:
         vhost = self.broker.vhosts.get(vhost_name)
         policy = winning(vhost.policies.values(), "queue", queue_name) if vhost is not None else None
-        if policy is None:
-            return {}
-        return {k: v for k, v in policy.definition.items() if k.startswith("ha-")}
+        keys = {k: v for k, v in policy.definition.items() if k.startswith("ha-")} if policy is not None else {}
+        if quorum:       # mirrored with no policy; a policy's ha- keys but the placement apply on top
+            return {**QUORUM_DEFAULTS, **{k: v for k, v in keys.items() if k not in ("ha-mode", "ha-params")}}
+        return keys
 
     def declared(self, queue, home: str, store_id: int) -> None:
         """queue.declare applied (a new queue; exclusive queues are never mirrored)."""
@@ -104,6 +105,8 @@ class Mirroring:
             return
         key = (queue.vhost, queue.name)
         state = HAState(queue.vhost, queue.name, home, durable=queue.durable, store_id=store_id)
+        if is_quorum(queue.arguments):
+            state.group = quorum_group(queue.arguments, home, self.members)
         self.states[key] = state
         self._place(state)
 
@@ -131,8 +134,8 @@ class Mirroring:
 
     def _place(self, state: HAState) -> None:
         """Compute the mirrors from the policy and take this node's part."""
-        state.definition = self._definition(state.vhost, state.name)
-        state.mirrors = mirror_nodes(state.definition, state.home, self.members)
+        state.definition = self._definition(state.vhost, state.name, state.group is not None)
+        state.mirrors = state.placement(self.members)
         state.synced = [n for n in state.synced if n in state.mirrors]
         self._take_part(state)
 
@@ -178,7 +181,8 @@ class Mirroring:
         if mirror is None:
             store = self.broker.store if state.durable else None
             mirror = self.mirrors[state.key] = MirrorQueue(state.vhost, state.name, store,
-                                                            state.store_id if store is not None else 0)
+                                                            state.store_id if store is not None else 0,
+                                                            persist_all=state.group is not None)
         return mirror
 
     def check_stream(self, vhost: str, name: str, epoch: int, master: str) -> str:
@@ -249,7 +253,7 @@ class Mirroring:
         state.epoch = c["epoch"]
         state.home = c["home"]
         state.synced = []
-        state.mirrors = mirror_nodes(state.definition, state.home, self.members)
+        state.mirrors = state.placement(self.members)
         self._promoting.pop(state.key, None)
         self.log.warning("queue master moved", vhost=state.vhost, queue=state.name, old=old_home,
                          new=state.home, epoch=state.epoch)

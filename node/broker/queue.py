@@ -16,7 +16,7 @@ from typing import Callable
 
 from ..protocol.frames import shortstr
 from ..protocol.replies import AMQPError, ReplyCode, vhost_text
-from ..protocol.properties import PropertyView
+from ..protocol.properties import PropertyView, decode_properties, encode_properties
 from . import deduplication as dd
 from . import policy as pol
 from .expiry import call_later, expiration_ms, monotonic
@@ -100,6 +100,7 @@ class Queue:
             self.ready = PriorityReady(self.max_priority)
             self._head_limit = sys.maxsize      # priority queues stay in memory, never paged out
         self.single_active = self.arguments.get("x-single-active-consumer") is True
+        self.persist_all = is_quorum(self.arguments)   # a quorum queue logs transient messages too
         self._groups: list[deque] | None = None   # consumers by x-priority, highest first
         self.expiring = False                    # some message may carry a deadline
         self._tail_expiry: dict[int, float] = {}  # paged-out message id -> deadline
@@ -224,11 +225,12 @@ class Queue:
             self.ready_bytes += len(message.body)
         else:
             paging = bool(self.tail) or len(self.ready) >= self._head_limit
-            if message.persistent or paging:
+            persistent = message.persistent or self.persist_all
+            if persistent or paging:
                 msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
-                                       message.props_raw, message.body, transient=not message.persistent,
+                                       message.props_raw, message.body, transient=not persistent,
                                        dedup=seen)
-                outcome = LOGGED if message.persistent else SAFE
+                outcome = LOGGED if persistent else SAFE
             else:
                 msg_id = 0
             if paging:
@@ -592,7 +594,7 @@ class Queue:
         if self.deleted:
             self._forget(entries)
             return
-        if self.delivery_limit is not None:
+        if self.delivery_limit is not None or self.persist_all:
             entries = self._within_delivery_limit(entries)
             if not entries:
                 return
@@ -624,10 +626,12 @@ class Queue:
         keep, over = [], []
         for entry in entries:
             count = returns.get(entry, 0) + 1
-            if count > limit:
+            if limit is not None and count > limit:
                 over.append(entry)
             else:
                 returns[entry] = count
+                if self.persist_all:     # a quorum queue tells the consumer, as RabbitMQ's do
+                    entry.message = _with_delivery_count(entry.message, count)
                 keep.append(entry)
         if over:
             if self.dead_letter is not None:
@@ -878,6 +882,24 @@ class Queue:
         self.purge()
         self._returns.clear()
         return consumers
+
+
+def _with_delivery_count(message: Message, count: int) -> Message:
+    """A copy of the message with the x-delivery-count header (this queue's copy only: the
+    message is shared by every queue the publish reached)."""
+    props = decode_properties(message.props_raw)
+    props.headers = {**(props.headers or {}), "x-delivery-count": count}
+    copy = Message(message.exchange, message.routing_key, encode_properties(props), message.body,
+                   message.persistent, message.priority, message.expiration, message.exchange_raw,
+                   message.routing_key_raw)
+    copy.publish_id = message.publish_id
+    return copy
+
+
+def is_quorum(arguments: dict | None) -> bool:
+    """Declared with x-queue-type quorum: replicated with no policy, every message persisted."""
+    kind = (arguments or {}).get("x-queue-type")
+    return (kind.decode() if isinstance(kind, bytes) else kind) == "quorum"
 
 
 def _entry_seq(entry: Entry) -> int:

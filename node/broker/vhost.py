@@ -458,9 +458,9 @@ def _check_args(what: str, received: dict, current: dict, checked, method) -> No
 
 def _validate_queue_type(what: str, arguments: dict, method, durable: bool, exclusive: bool,
                          auto_delete: bool) -> None:
-    """x-queue-type. "quorum" is served as a classic queue (mirror it with an ha- policy), with
-    a quorum queue's declaration rules so that clients written for RabbitMQ see the same
-    answers; streams are not supported."""
+    """x-queue-type. "quorum" is a queue replicated with no policy (cluster/ha.py), with a quorum
+    queue's declaration rules so that clients written for RabbitMQ see the same answers;
+    streams are not supported."""
     kind = arguments.get("x-queue-type")
     if kind is None:
         return

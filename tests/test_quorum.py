@@ -1,0 +1,129 @@
+"""Quorum-declared queues (x-queue-type quorum): replicated with no policy, on the declaring node
+and the next ones (x-quorum-initial-group-size, default three), every message persisted, and
+x-delivery-count on redeliveries, as an application written for RabbitMQ's quorum queues expects."""
+from __future__ import annotations
+
+import json
+import time
+
+import pika
+import pytest
+
+from tests.clusters import ctl, proxied_cluster, queue_row, stop_cluster
+from tests.conftest import IS_REF, pika_conn, unique_name, wait_until
+
+QUORUM = {"x-queue-type": "quorum"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if IS_REF:
+        pytest.skip("starts and kills cluster node processes")
+    members, partition = proxied_cluster(tmp_path_factory.mktemp("quorum"), failure_timeout=3.0)
+    yield members
+    stop_cluster(list(members), partition)
+
+
+def _synced(member, name, mirrors):
+    return wait_until(lambda: (lambda r: r if r and sorted(r["synchronised_mirrors"] or []) == mirrors else None)(
+        queue_row(member, name)), timeout=20, message=f"{name} never had synchronised mirrors {mirrors}")
+
+
+def test_a_quorum_queue_is_replicated_with_no_policy_and_survives_its_leaders_death(cluster):
+    hare1, hare2, hare3 = cluster
+    name = unique_name("qq.orders")
+    ch = pika_conn(hare1).channel()
+    ch.queue_declare(name, durable=True, arguments=QUORUM)
+    row = _synced(hare2, name, ["hare2", "hare3"])
+    assert row["master"] == "hare1" and row["members"] == ["hare1", "hare2", "hare3"]
+    ch.confirm_delivery()
+    for i in range(100):      # transient: a quorum queue keeps them all the same
+        ch.basic_publish("", name, b"%d" % i, pika.BasicProperties(delivery_mode=1))
+    hare1.kill9()
+    try:
+        pub = pika_conn(hare2).channel()
+        pub.confirm_delivery()
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                pub.basic_publish("", name, b"after", pika.BasicProperties(delivery_mode=1))
+                break
+            except pika.exceptions.NackError:
+                assert time.monotonic() < deadline, "publishes still nacked 15 s after the leader died"
+                time.sleep(0.05)
+        got = []
+        reader = pika_conn(hare3).channel()
+        while True:
+            method, _props, body = reader.basic_get(name, auto_ack=True)
+            if method is None:
+                break
+            got.append(body)
+        assert sorted(got) == sorted([b"%d" % i for i in range(100)] + [b"after"])
+    finally:
+        hare1.start(timeout=60)
+
+
+def test_initial_group_size_sets_how_many_members(cluster):
+    hare1, hare2, _hare3 = cluster
+    name = unique_name("qq.two")
+    pika_conn(hare2).channel().queue_declare(name, durable=True,
+                                             arguments={**QUORUM, "x-quorum-initial-group-size": 2})
+    row = _synced(hare1, name, ["hare3"])
+    assert row["master"] == "hare2" and row["members"] == ["hare2", "hare3"]
+
+
+def test_a_policy_does_not_move_a_quorum_queues_members(cluster):
+    hare1, _hare2, _hare3 = cluster
+    name = unique_name("qq.policy")
+    r = ctl(hare1, "set-policy", "qq-nodes", r"^qq\.policy", json.dumps({"ha-mode": "nodes", "ha-params": ["hare1"]}),
+            "--apply-to", "queues")
+    assert r.returncode == 0, r.stderr
+    try:
+        pika_conn(hare1).channel().queue_declare(name, durable=True, arguments=QUORUM)
+        _synced(hare1, name, ["hare2", "hare3"])
+    finally:
+        ctl(hare1, "clear-policy", "qq-nodes")
+
+
+def test_redeliveries_carry_x_delivery_count(node):
+    ch = pika_conn(node).channel()
+    name = unique_name("qq.count")
+    ch.queue_declare(name, durable=True, arguments=QUORUM)
+    ch.basic_publish("", name, b"again")
+    counts = []
+    for _ in range(3):
+        method, props, _body = wait_until(lambda: (lambda r: r if r[0] else None)(ch.basic_get(name)), timeout=5)
+        counts.append((props.headers or {}).get("x-delivery-count"))
+        ch.basic_nack(method.delivery_tag, requeue=True)
+    assert counts == [None, 1, 2]
+    ch.queue_delete(name)
+
+
+def test_a_quorum_queue_delivery_limit_dead_letters_a_poison_message(node):
+    ch = pika_conn(node).channel()
+    name, dead = unique_name("qq.poison"), unique_name("qq.dead")
+    ch.queue_declare(dead, durable=True)
+    ch.queue_declare(name, durable=True, arguments={**QUORUM, "x-delivery-limit": 2,
+                                                    "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+    ch.basic_publish("", name, b"poison")
+    for _ in range(3):
+        method, _props, _body = wait_until(lambda: (lambda r: r if r[0] else None)(ch.basic_get(name)), timeout=5)
+        ch.basic_nack(method.delivery_tag, requeue=True)
+    method, props, body = wait_until(lambda: (lambda r: r if r[0] else None)(ch.basic_get(dead, auto_ack=True)),
+                                     timeout=5)
+    assert body == b"poison" and props.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert ch.queue_declare(name, passive=True).method.message_count == 0
+    ch.queue_delete(name)
+    ch.queue_delete(dead)
+
+
+def test_transient_messages_of_a_quorum_queue_survive_a_restart(own_node):
+    ch = pika_conn(own_node).channel()
+    ch.confirm_delivery()
+    ch.queue_declare("qq.kept", durable=True, arguments=QUORUM)
+    for i in range(10):
+        ch.basic_publish("", "qq.kept", b"%d" % i, pika.BasicProperties(delivery_mode=1))
+    own_node.kill9()
+    own_node.start()
+    ch = pika_conn(own_node).channel()
+    assert ch.queue_declare("qq.kept", passive=True).method.message_count == 10
