@@ -119,14 +119,21 @@ distinct messages never:
   and a row whose `dedup_id` is null or empty fails the task with that said (`NO_DEDUP_ID`):
   publishing it without an id would break the promise the option makes without a word.
 * Without that column (a streaming query from a source Spark replays identically per batch:
-  files, Kafka, `rate`), `spark:<query id>:<batch id>:<partition>:<row>`, read from the task's
-  local properties.
+  files, Kafka, `rate`), `row_id`: `spark:<query id>:<batch id>:<partition>:<digest>:<n>`, the
+  first three read from the task's local properties, the digest a hash of what the row
+  publishes (routing key, body, headers, properties) and n how many rows of the task published
+  the same before it. A retried task may see its rows in another order, or fewer or more of
+  them; each row still gets the id it had (a row's place alone named another row then), and
+  identical rows get one id each. A batch that Spark moves to another partition when it runs it
+  again gets new ids (duplicates, never a loss).
 
 A batch replayed after a crash is then published again and dropped by the queue, each row
 confirmed.
 """
 from __future__ import annotations
 
+import collections
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
@@ -485,7 +492,7 @@ class _Publishing:
         self.has_dedup_id = isinstance(getattr(names.get("dedup_id"), "dataType", None), StringType)
         if options.deduplication and not self.has_dedup_id and not self.streaming:
             raise HareMQError("haremq sink: option 'deduplication' on a batch write needs a 'dedup_id' column "
-                              "(a streaming query can use the row's place in its micro-batch instead)")
+                              "(a streaming query can name each row by its micro-batch and content instead)")
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> HareMQCommitMessage:
         o = self.options
@@ -522,10 +529,10 @@ class _Publishing:
 
     def _identified(self, batches: Iterator[pa.RecordBatch], mode) -> Iterator[Outgoing]:
         """Option deduplication: every row with its id in the header x-deduplication-header,
-        the dedup_id column's, or without that column the row's place in its micro-batch."""
+        the dedup_id column's, or without that column `row_id`'s."""
         o = self.options
         place = None if self.has_dedup_id else _place_prefix()
-        row = 0
+        occurrences: collections.Counter = collections.Counter()   # row digest -> rows so far
         for batch in batches:
             bodies = batch.column("body").to_pylist()
             keys = batch.column("routingKey").to_pylist() if self.has_rk else None
@@ -542,10 +549,9 @@ class _Publishing:
                 if ids is not None:
                     ident = ids[i]
                 else:
-                    ident = place + str(row + i)
+                    ident = row_id(place, key, body, h, p, occurrences)
                 h[DEDUP_HEADER] = ident
                 yield Outgoing(key, body, _properties(h, p, mode))
-            row += len(bodies)
 
 
 NO_DEDUP_ID = (
@@ -556,10 +562,27 @@ NO_DEDUP_ID = (
     "column (stable across a restart of the job), or drop the option")
 
 
+def row_id(place: str, routing_key: str, body: bytes, headers: dict, props, occurrences) -> str:
+    """`place` (`spark:<query id>:<batch id>:<partition>:`), then a digest of what the row
+    publishes and how many rows of this task published the same before it. A task run again
+    (retried, or its micro-batch replayed from the checkpoint) names each row as before,
+    whatever order or number its rows come in, and two rows share an id only when they publish
+    the same message: then each copy has its own count."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in (routing_key.encode(), body, repr(sorted(headers.items())).encode(),
+                 repr(sorted(props.items()) if props else None).encode()):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    digest = h.hexdigest()
+    n = occurrences[digest]
+    occurrences[digest] = n + 1
+    return f"{place}{digest}:{n}"
+
+
 def _place_prefix() -> str:
-    """`query id:batch id:partition:` of the task writing: with a row's index in its partition,
-    an id Spark reproduces when it runs a micro-batch again (from the checkpoint, or a retried
-    task), for a replayable source."""
+    """`spark:<query id>:<batch id>:<partition>:` of the task writing: Spark gives a task the
+    same three when it runs a micro-batch again (a retried task, or a replay from the
+    checkpoint)."""
     from pyspark import TaskContext
     tc = TaskContext.get()
     query = tc.getLocalProperty("sql.streaming.queryId") if tc is not None else None

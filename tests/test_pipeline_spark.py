@@ -610,6 +610,24 @@ def _published(writer, *batches):
             for m in writer._messages(pa.RecordBatch.from_pylist(rows) for rows in batches)]
 
 
+def test_sink_ids_of_a_retried_task_follow_each_row_not_its_place(monkeypatch):
+    """A retried task may see its rows in another order, or fewer of them: each row keeps its id,
+    identical rows get one id each, and no id ever names two different rows."""
+    writer = _sink(monkeypatch, "body")
+    first = _published(writer, [{"body": b} for b in ("a", "b", "a", "c")])
+    retry = _published(writer, [{"body": "c"}, {"body": "a"}], [{"body": "b"}, {"body": "a"}])
+    fewer = _published(writer, [{"body": b} for b in ("b", "a")])
+    for attempt in (first, retry, fewer):
+        assert len({ident for _body, ident in attempt}) == len(attempt), attempt     # one id per row
+    named = {}
+    for body, ident in first + retry + fewer:
+        assert named.setdefault(ident, body) == body, f"{ident} names {named[ident]!r} and {body!r}"
+    assert sorted(retry) == sorted(first) and set(fewer) <= set(first)
+    assert all(ident.startswith("spark:q:7:0:") for _body, ident in first)
+    other = _published(_sink(monkeypatch, "body", "spark:q:7:1:"), [{"body": "a"}])
+    assert other[0][1] not in {ident for _body, ident in first}               # another partition
+
+
 def test_sink_refuses_a_row_without_a_dedup_id_when_deduplicating(monkeypatch):
     """The dedup_id column is what names a row; a row that has none (an input message without a
     message_id) fails the task saying so, rather than go out without deduplication."""
