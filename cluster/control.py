@@ -108,9 +108,14 @@ class Control:
         """Master, mirrors, synchronised mirrors, epoch and sync progress of a mirrored queue."""
         status = self.node.mirroring.status(vhost, name)
         if not status:
-            return {"mirrors": [], "synchronised_mirrors": [], "epoch": None, "sync": None}
+            return {"mirrors": [], "synchronised_mirrors": [], "epoch": None, "sync": None, "type": "classic"}
         progress = status.get("sync_progress") or {}
         status["sync"] = ", ".join(f"{n} {p}" for n, p in sorted(progress.items())) or None
+        status["type"] = "classic"
+        if "members" in status:       # a quorum queue, named as RabbitMQ's HTTP API names its fields
+            up = set(self.node.membership.up_members())
+            status.update(type="quorum", leader=status["master"],
+                          online=[n for n in status["members"] if n in up])
         return status
 
     async def sync_queue(self, args: dict) -> dict:
@@ -262,3 +267,4 @@ def _jsonable(value):
 
 
 from . import operations  # noqa: E402,F401  (registers the day-2 commands in COMMANDS)
+from . import quorum  # noqa: E402,F401  (registers the quorum-queue membership commands)

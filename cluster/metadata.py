@@ -224,6 +224,11 @@ class MetadataMachine:
             return {"synced": False}
         return {"synced": self.mirroring.mirror_synced(c.fields())}
 
+    def _queue_member(self, index, c):
+        if self.mirroring is None:
+            raise AMQPError(ReplyCode.NOT_FOUND, f"no quorum queue '{c.name}' in vhost '{c.vhost}'")
+        return {"changed": self.mirroring.member_changed(c.vhost, c.name, c.node, c.add)}
+
     def _queue_mirror_dropped(self, index, c):
         if self.mirroring is not None:
             self.mirroring.mirror_dropped(c.fields())
@@ -364,5 +369,6 @@ APPLY = {
     C.QueuePromote: MetadataMachine._queue_promote,
     C.QueueMirrorSynced: MetadataMachine._queue_mirror_synced,
     C.QueueMirrorDropped: MetadataMachine._queue_mirror_dropped,
+    C.QueueMember: MetadataMachine._queue_member,
     C.BrokerCall: MetadataMachine._broker_call,
 }

@@ -23,6 +23,7 @@ import time
 import structlog
 
 from haremq.node.broker.commands import Command, QueuePromote
+from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.broker.policy import winning
 from haremq.node.tasks import TaskGroup
 
@@ -131,6 +132,30 @@ class Mirroring:
         for state in list(self.states.values()):
             if state.home != node:
                 self._place(state)
+
+    def member_changed(self, vhost: str, name: str, node: str, add: bool) -> bool:
+        """queue.member applied: a quorum-declared queue's group gains or loses `node`. Checked
+        again in log order (the proposer checked against its own view); False if nothing changed."""
+        state = self.states.get((vhost, name))
+        if state is None or state.group is None:
+            raise AMQPError(ReplyCode.NOT_FOUND, f"no quorum queue '{name}' in vhost '{vhost}'")
+        if add:
+            if node in state.group or node not in self.members:
+                return False
+            state.group.append(node)
+        else:
+            if node not in state.group:
+                return False
+            if node == state.home:
+                raise AMQPError(ReplyCode.PRECONDITION_FAILED,
+                                f"{node} is the leader of quorum queue '{name}' in vhost '{vhost}': "
+                                "it cannot be removed while it leads")
+            state.group.remove(node)
+            if node in state.synced:
+                state.synced.remove(node)
+        self.log.info("quorum queue members changed", vhost=vhost, queue=name, members=state.group)
+        self._place(state)
+        return True
 
     def _place(self, state: HAState) -> None:
         """Compute the mirrors from the policy and take this node's part."""
@@ -406,7 +431,7 @@ class Mirroring:
     # ---- ctl ---------------------------------------------------------------------------------
     def status(self, vhost: str, name: str) -> dict:
         state = self.states.get((vhost, name))
-        if state is None or not state.mirrors:
+        if state is None or (not state.mirrors and state.group is None):
             return {}
         row = state.as_json()
         replicator = self.replicators.get(state.key)

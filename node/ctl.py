@@ -147,6 +147,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("cancel-sync-queue", "stop a mirrored queue's synchronisation in progress")
     p.add_argument("queue")
     p.add_argument("-p", "--vhost", default="/")
+    for name, helptext in (("add-member", "add a member to a quorum queue (it syncs, then counts)"),
+                           ("delete-member", "remove a member from a quorum queue")):
+        p = add(name, helptext)
+        p.add_argument("queue")
+        p.add_argument("member", help="the member (node name)")
+        p.add_argument("-p", "--vhost", default="/")
+    for name, helptext in (("grow", "add a member to every matching quorum queue (all, or those with an even "
+                                    "number of members)"),
+                           ("shrink", "remove a member from every quorum queue it belongs to (not where it "
+                                      "leads or is the last one)")):
+        p = add(name, helptext)
+        p.add_argument("member", help="the member (node name)")
+        if name == "grow":
+            p.add_argument("which", choices=["all", "even"])
+        p.add_argument("--vhost-pattern", default=".*")
+        p.add_argument("--queue-pattern", default=".*")
+    p = add("quorum-status", "a quorum queue's members: leader, followers, syncing, online")
+    p.add_argument("queue")
+    p.add_argument("-p", "--vhost", default="/")
+    add("check-if-node-is-quorum-critical", "exit 69 if stopping this node would leave a quorum queue "
+                                            "without a majority of its members online")
     p = add("purge-queue", "remove every ready message from a queue")
     p.add_argument("queue")
     p.add_argument("-p", "--vhost", default="/")
@@ -360,6 +381,25 @@ async def _run(args, client: ControlPort) -> int:
         if result:
             _print(result, ["vhost", "name", "node"], as_json)
             return EX_UNAVAILABLE
+    elif args.command in ("add-member", "delete-member"):
+        result = await control(node, client, args.command.replace("-", "_"),
+                               {"vhost": args.vhost, "name": args.queue, "node": args.member}, args.timeout)
+    elif args.command in ("grow", "shrink"):
+        result = await control(node, client, args.command,
+                               {"node": args.member, "which": getattr(args, "which", "all"),
+                                "vhost_pattern": args.vhost_pattern, "queue_pattern": args.queue_pattern},
+                               args.timeout)
+        columns = ["vhost", "name", "size", "result"]
+    elif args.command == "quorum-status":
+        result = await control(node, client, "quorum_status", {"vhost": args.vhost, "name": args.queue},
+                               args.timeout)
+        columns = ["node", "raft_state", "online", "synchronised"]
+    elif args.command == "check-if-node-is-quorum-critical":
+        result = await control(node, client, "quorum_critical", {}, args.timeout)
+        if result:
+            _print(result, ["vhost", "name", "members", "online"], as_json)
+            return EX_UNAVAILABLE
+        result = result if as_json else "no quorum queue would lose its majority if this node stopped"
     elif args.command in ("drain", "revive"):
         result = await control(node, client, args.command, {}, args.timeout)
     else:

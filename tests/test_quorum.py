@@ -127,3 +127,40 @@ def test_transient_messages_of_a_quorum_queue_survive_a_restart(own_node):
     own_node.start()
     ch = pika_conn(own_node).channel()
     assert ch.queue_declare("qq.kept", passive=True).method.message_count == 10
+
+
+def test_membership_commands_as_rabbitmq_queues_has_them(cluster):
+    hare1, hare2, hare3 = cluster
+    name = unique_name("qq.members")
+    pika_conn(hare1).channel().queue_declare(name, durable=True,
+                                             arguments={**QUORUM, "x-quorum-initial-group-size": 1})
+    row = wait_until(lambda: queue_row(hare2, name), timeout=10)
+    assert (row["type"], row["members"], row["leader"], row["mirrors"]) == ("quorum", ["hare1"], "hare1", [])
+    assert row["online"] == ["hare1"]
+    # a lone member is quorum critical: its node may not stop
+    r = ctl(hare1, "check-if-node-is-quorum-critical")
+    assert r.returncode == 69 and name in r.stdout
+    r = ctl(hare2, "add-member", name, "hare3")
+    assert r.returncode == 0, r.stderr
+    _synced(hare1, name, ["hare3"])
+    assert ctl(hare2, "add-member", name, "hare3").returncode != 0      # already a member
+    assert ctl(hare2, "add-member", name, "hare9").returncode != 0      # no such member
+    r = ctl(hare1, "grow", "hare2", "all", "--queue-pattern", name.replace(".", r"\."), "--json")
+    assert r.returncode == 0, r.stderr
+    assert [x["result"] for x in json.loads(r.stdout)] == ["ok"]
+    _synced(hare1, name, ["hare2", "hare3"])
+    status = json.loads(ctl(hare3, "quorum-status", name, "--json").stdout)
+    assert {(s["node"], s["raft_state"]) for s in status} == {("hare1", "leader"), ("hare2", "follower"),
+                                                              ("hare3", "follower")}
+    assert ctl(hare1, "check-if-node-is-quorum-critical").returncode == 0
+    assert ctl(hare1, "delete-member", name, "hare1").returncode != 0   # the leader
+    r = ctl(hare1, "shrink", "hare3", "--json")
+    assert r.returncode == 0, r.stderr
+    assert {x["name"]: x["result"] for x in json.loads(r.stdout)}[name] == "ok"
+    row = _synced(hare1, name, ["hare2"])
+    assert row["members"] == ["hare1", "hare2"]
+    r = ctl(hare1, "delete-member", name, "hare2")
+    assert r.returncode == 0, r.stderr
+    row = _synced(hare1, name, [])
+    assert row["members"] == ["hare1"]
+    assert ctl(hare1, "delete-member", name, "hare1").returncode != 0   # the last one

@@ -163,6 +163,16 @@ class QueueMirrorDropped(QueueMirrorSynced, op="queue.mirror_dropped"):
 
 
 @dataclass(frozen=True)
+class QueueMember(Command, op="queue.member"):
+    """A quorum-declared queue's members change (`haremq ctl add-member`, `delete-member`,
+    `grow`, `shrink`): a member is added (it syncs and joins the in-sync set) or removed."""
+    vhost: str
+    name: str
+    node: str
+    add: bool
+
+
+@dataclass(frozen=True)
 class BrokerCall(Command, op="broker.call"):
     """An admin change applied on every member, in log order (see ADMIN_CHANGES)."""
     method: str
@@ -171,7 +181,8 @@ class BrokerCall(Command, op="broker.call"):
 
 COMMANDS: dict[str, type[Command]] = {cls.op: cls for cls in (
     Noop, ExchangeDeclare, ExchangeDelete, Bind, Unbind, QueueDeclare, QueueDelete, NodeRestarted,
-    NodeStopping, MemberForget, MemberAdd, QueuePromote, QueueMirrorSynced, QueueMirrorDropped, BrokerCall)}
+    NodeStopping, MemberForget, MemberAdd, QueuePromote, QueueMirrorSynced, QueueMirrorDropped, QueueMember,
+    BrokerCall)}
 
 
 def from_json(data: dict) -> Command | None:

@@ -1,0 +1,123 @@
+"""`haremq ctl` for quorum-declared queues, as `rabbitmq-queues` has them: add-member,
+delete-member, grow, shrink, quorum-status, check-if-node-is-quorum-critical.
+
+A quorum-declared queue's members are fixed when it is declared (cluster/ha.py `quorum_group`)
+and change only through these commands, each a `queue.member` entry on the metadata log, so a
+member joining the cluster does not silently move existing groups. Registered in
+cluster/control.py's COMMANDS like the day-2 commands.
+"""
+from __future__ import annotations
+
+import re
+
+from haremq.node.broker import commands as C
+
+from .control import COMMANDS, Control, ControlError
+from .operations import _propose
+
+
+def _quorum_state(control: Control, vhost: str, name: str):
+    state = control.node.mirroring.states.get((vhost, name))
+    if state is None or state.group is None:
+        raise ControlError(f"NOT_FOUND - no quorum queue '{name}' in vhost '{vhost}'")
+    return state
+
+
+def _member_of_cluster(control: Control, node: str) -> None:
+    if node != control.node.name and node not in control.node.membership.peers:
+        raise ControlError(f"'{node}' is not a member of this cluster")
+
+
+async def add_member(control: Control, args: dict) -> dict:
+    state = _quorum_state(control, args["vhost"], args["name"])
+    _member_of_cluster(control, args["node"])
+    if args["node"] in state.group:
+        raise ControlError(f"{args['node']} is already a member of quorum queue '{args['name']}'")
+    return await _propose(control, C.QueueMember(args["vhost"], args["name"], args["node"], True))
+
+
+async def delete_member(control: Control, args: dict) -> dict:
+    state = _quorum_state(control, args["vhost"], args["name"])
+    if args["node"] not in state.group:
+        raise ControlError(f"{args['node']} is not a member of quorum queue '{args['name']}'")
+    if len(state.group) == 1:
+        raise ControlError(f"{args['node']} is the last member of quorum queue '{args['name']}'")
+    return await _propose(control, C.QueueMember(args["vhost"], args["name"], args["node"], False))
+
+
+def _matching(control: Control, args: dict):
+    vhosts = re.compile(args.get("vhost_pattern") or ".*")
+    queues = re.compile(args.get("queue_pattern") or ".*")
+    for state in list(control.node.mirroring.states.values()):
+        if state.group is not None and vhosts.fullmatch(state.vhost) and queues.fullmatch(state.name):
+            yield state
+
+
+async def grow(control: Control, args: dict) -> list:
+    """Add `node` to every matching quorum queue (`all`), or to those with an even number of
+    members (`even`), as `rabbitmq-queues grow`."""
+    node = args["node"]
+    _member_of_cluster(control, node)
+    rows = []
+    for state in _matching(control, args):
+        if node in state.group or (args.get("which") == "even" and len(state.group) % 2):
+            continue
+        result = await _propose(control, C.QueueMember(state.vhost, state.name, node, True))
+        rows.append({"vhost": state.vhost, "name": state.name, "size": len(state.group),
+                     "result": "ok" if result.get("changed") else "unchanged"})
+    return rows
+
+
+async def shrink(control: Control, args: dict) -> list:
+    """Remove `node` from every quorum queue it is a member of, but where it is the last member
+    or leads the queue (`rabbitmq-queues shrink`; those are reported, not changed)."""
+    node = args["node"]
+    rows = []
+    for state in _matching(control, args):
+        if node not in state.group:
+            continue
+        if len(state.group) == 1 or state.home == node:
+            rows.append({"vhost": state.vhost, "name": state.name, "size": len(state.group),
+                         "result": "error: last member" if len(state.group) == 1 else "error: leader"})
+            continue
+        result = await _propose(control, C.QueueMember(state.vhost, state.name, node, False))
+        rows.append({"vhost": state.vhost, "name": state.name, "size": len(state.group),
+                     "result": "ok" if result.get("changed") else "unchanged"})
+    return rows
+
+
+async def quorum_status(control: Control, args: dict) -> list:
+    state = _quorum_state(control, args["vhost"], args["name"])
+    up = set(control.node.membership.up_members())
+    return [{"node": node, "raft_state": "leader" if node == state.home else
+             ("follower" if node in state.synced else "syncing"),
+             "online": node in up, "synchronised": node == state.home or node in state.synced}
+            for node in state.group]
+
+
+def quorum_critical_queues(control: Control, node: str) -> list:
+    """Quorum queues that would lose their majority of online members if `node` stopped."""
+    up = set(control.node.membership.up_members())
+    critical = []
+    for state in control.node.mirroring.states.values():
+        if state.group is None or node not in state.group:
+            continue
+        online = [n for n in state.group if n in up and n != node]
+        if len(online) < len(state.group) // 2 + 1:
+            critical.append({"vhost": state.vhost, "name": state.name, "members": list(state.group),
+                             "online": online})
+    return critical
+
+
+async def quorum_critical(control: Control, args: dict) -> list:
+    return quorum_critical_queues(control, args.get("node") or control.node.name)
+
+
+COMMANDS.update({
+    "add_member": add_member,
+    "delete_member": delete_member,
+    "grow": grow,
+    "shrink": shrink,
+    "quorum_status": quorum_status,
+    "quorum_critical": quorum_critical,
+})
