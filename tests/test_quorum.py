@@ -164,3 +164,36 @@ def test_membership_commands_as_rabbitmq_queues_has_them(cluster):
     row = _synced(hare1, name, [])
     assert row["members"] == ["hare1"]
     assert ctl(hare1, "delete-member", name, "hare1").returncode != 0   # the last one
+
+
+def test_global_qos_on_a_channel_consuming_a_quorum_queue_is_refused_as_rabbitmq_does(node):
+    """Celery's default (global_qos): RabbitMQ answers 540 NOT_IMPLEMENTED, a connection error."""
+    name = unique_name("qq.global")
+    pika_conn(node).channel().queue_declare(name, durable=True, arguments=QUORUM)
+    conn = pika_conn(node)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10, global_qos=True)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as ei:
+        ch.basic_consume(name, lambda *_a: None)
+    assert ei.value.reply_code == 540
+    assert ei.value.reply_text == f"NOT_IMPLEMENTED - queue '{name}' in vhost '/' does not support global qos"
+    ch = pika_conn(node).channel()
+    ch.basic_qos(prefetch_count=10)          # per consumer: fine
+    ch.basic_consume(name, lambda *_a: None)
+    ch.queue_delete(name)
+
+
+def test_kombu_declares_and_uses_a_quorum_queue(node):
+    """Celery/kombu's way: Queue(..., queue_arguments={'x-queue-type': 'quorum'})."""
+    import kombu
+    name = unique_name("qq.kombu")
+    with kombu.Connection(node.url) as conn:
+        queue = kombu.Queue(name, kombu.Exchange(name, "direct"), routing_key="task", durable=True,
+                            queue_arguments={"x-queue-type": "quorum"})
+        producer = conn.Producer()
+        producer.publish({"n": 1}, exchange=queue.exchange, routing_key="task", declare=[queue])
+        got = []
+        with conn.Consumer(queue, callbacks=[lambda body, message: (got.append(body), message.ack())]):
+            conn.drain_events(timeout=5)
+        assert got == [{"n": 1}]
+        queue(conn.default_channel).delete()

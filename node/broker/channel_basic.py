@@ -21,7 +21,7 @@ from .expiry import parse_expiration
 from .message import Entry, Message
 from .permissions import READ, WRITE
 from .deliveries import Unacked
-from .queue import Consumer, Queue, consumer_priority
+from .queue import Consumer, Queue, consumer_priority, is_quorum
 from .reply_to import REPLY_TO, REPLY_TO_PREFIX
 from .vhost import server_name
 
@@ -56,6 +56,9 @@ class BasicMethods:
                 (m.exclusive or any(c.exclusive for c in queue.consumers)):
             raise error(ReplyCode.ACCESS_REFUSED,
                         f"queue '{queue.name}' in vhost '{queue.vhost}' in exclusive use", m)
+        if self.deliveries.prefetch_global and is_quorum(queue.arguments):
+            # rabbit_quorum_queue:consume/3 with limiter_active (Celery's default global_qos)
+            raise error(ReplyCode.NOT_IMPLEMENTED, f"{queue.describe()} does not support global qos", m)
         consumer_priority(m.arguments, queue)
         consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, self.deliveries.prefetch_consumer,
                             dict(m.arguments or {}))
