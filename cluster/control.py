@@ -111,11 +111,7 @@ class Control:
             return {"mirrors": [], "synchronised_mirrors": [], "epoch": None, "sync": None, "type": "classic"}
         progress = status.get("sync_progress") or {}
         status["sync"] = ", ".join(f"{n} {p}" for n, p in sorted(progress.items())) or None
-        status["type"] = "classic"
-        if "members" in status:       # a quorum queue, named as RabbitMQ's HTTP API names its fields
-            up = set(self.node.membership.up_members())
-            status.update(type="quorum", leader=status["master"],
-                          online=[n for n in status["members"] if n in up])
+        status.setdefault("type", "classic")
         return status
 
     async def sync_queue(self, args: dict) -> dict:

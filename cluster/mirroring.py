@@ -434,6 +434,9 @@ class Mirroring:
         if state is None or (not state.mirrors and state.group is None):
             return {}
         row = state.as_json()
+        if state.group is not None:     # a quorum queue, with the names RabbitMQ's HTTP API gives
+            row.update(type="quorum", leader=state.home,
+                       online=[n for n in state.group if n == self.node or self.is_up(n)])
         replicator = self.replicators.get(state.key)
         if replicator is not None:
             links = replicator.status()["links"]

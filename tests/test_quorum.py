@@ -9,8 +9,10 @@ import time
 import pika
 import pytest
 
-from tests.clusters import ctl, proxied_cluster, queue_row, stop_cluster
+from tests.clusters import ctl, queue_row, stop_cluster
 from tests.conftest import IS_REF, pika_conn, unique_name, wait_until
+from tests.management import http, q
+from tests.test_management_cluster import managed_cluster
 
 QUORUM = {"x-queue-type": "quorum"}
 
@@ -19,9 +21,9 @@ QUORUM = {"x-queue-type": "quorum"}
 def cluster(tmp_path_factory):
     if IS_REF:
         pytest.skip("starts and kills cluster node processes")
-    members, partition = proxied_cluster(tmp_path_factory.mktemp("quorum"), failure_timeout=3.0)
-    yield members
-    stop_cluster(list(members), partition)
+    members, partition = managed_cluster(tmp_path_factory.mktemp("quorum"))
+    yield [members[n] for n in ("hare1", "hare2", "hare3")]
+    stop_cluster(list(members.values()), partition)
 
 
 def _synced(member, name, mirrors):
@@ -137,6 +139,10 @@ def test_membership_commands_as_rabbitmq_queues_has_them(cluster):
     row = wait_until(lambda: queue_row(hare2, name), timeout=10)
     assert (row["type"], row["members"], row["leader"], row["mirrors"]) == ("quorum", ["hare1"], "hare1", [])
     assert row["online"] == ["hare1"]
+    status, api_row, _ = http("GET", hare3.management_port, f"/api/queues/%2F/{q(name)}")
+    assert status == 200, api_row
+    assert (api_row["type"], api_row["members"], api_row["leader"], api_row["online"]) == \
+        ("quorum", ["hare1"], "hare1", ["hare1"])
     # a lone member is quorum critical: its node may not stop
     r = ctl(hare1, "check-if-node-is-quorum-critical")
     assert r.returncode == 69 and name in r.stdout

@@ -86,11 +86,15 @@ def mirroring_fields(node: str | None, status: dict | None) -> dict:
     if not status:
         return {"slave_nodes": [], "synchronised_slave_nodes": [], "recoverable_slaves": [],
                 "epoch": None, "sync_progress": {}, "mirror_states": {}}
-    return {"node": status.get("master", node), "slave_nodes": list(status.get("mirrors", [])),
-            "synchronised_slave_nodes": list(status.get("synchronised_mirrors", [])),
-            "recoverable_slaves": list(status.get("mirrors", [])), "epoch": status.get("epoch"),
-            "sync_progress": dict(status.get("sync_progress") or {}),
-            "mirror_states": dict(status.get("mirror_states") or {})}
+    fields = {"node": status.get("master", node), "slave_nodes": list(status.get("mirrors", [])),
+              "synchronised_slave_nodes": list(status.get("synchronised_mirrors", [])),
+              "recoverable_slaves": list(status.get("mirrors", [])), "epoch": status.get("epoch"),
+              "sync_progress": dict(status.get("sync_progress") or {}),
+              "mirror_states": dict(status.get("mirror_states") or {})}
+    if status.get("type") == "quorum":      # RabbitMQ's names for a quorum queue's members
+        fields.update(type="quorum", members=list(status["members"]), online=list(status["online"]),
+                      leader=status["leader"])
+    return fields
 
 
 def with_policy(row: dict, vhost) -> dict:
