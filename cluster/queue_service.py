@@ -148,17 +148,20 @@ class LinkChannel:
             self._confirm(seq, ok)
 
     def close(self) -> None:
-        """The stream ended: cancel consumers, requeue what the client never settled."""
+        """The stream ended: requeue what the client never settled, then remove its consumers
+        (in that order, as RabbitMQ does when a channel goes: a single-active consumer that
+        takes over gets the requeued messages first, in their places)."""
         if self.closed:
             return
         self.closed = True
-        for consumer in list(self.consumers.values()):
-            self.queue.remove_consumer(consumer)
-        self.consumers.clear()
         entries = [entry for entry, _consumer in self.unacked.values()]
         self.unacked.clear()
         if entries:
-            self.queue.requeue(entries)
+            self.queue.requeue(entries)      # not to this link's consumers: it takes nothing now
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        for consumer in consumers:
+            self.queue.remove_consumer(consumer)
 
 
 async def serve_link(broker, request_iterator, context):
