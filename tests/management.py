@@ -15,8 +15,9 @@ def q(value: str) -> str:
 
 
 def http(method: str, port: int, path: str, body=None, user=("guest", "guest"), host: str = HOST,
-         raw: bool = False, timeout: float = 20.0):
-    """(status, decoded JSON or text, headers)."""
+         raw: bool = False, timeout: float = 20.0, headers: dict | None = None):
+    """(status, decoded JSON or text, headers). A body goes as application/json unless `headers`
+    names another Content-Type."""
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
     request = urllib.request.Request(f"http://{host}:{port}{path}", data=data, method=method)
     if user is not None:
@@ -24,6 +25,8 @@ def http(method: str, port: int, path: str, body=None, user=("guest", "guest"), 
         request.add_header("Authorization", "Basic " + token)
     if data is not None:
         request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             status, text, headers = response.status, response.read().decode(errors="replace"), response.headers

@@ -1,0 +1,126 @@
+"""The management API against a browser's tricks: a state change needs a JSON body
+(a form can send none: 415) and, when a browser names the page it comes from (`Origin`),
+that page must be the API's own (403). Plain HTTP (urllib) against one real node; the
+cross-origin form post from a real browser is in tests/test_web_view.py."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import IS_REF, unique_name
+from tests.management import ManagedNode, q
+
+pytestmark = pytest.mark.skipif(IS_REF, reason="starts its own node with the management API")
+
+
+@pytest.fixture(scope="module")
+def mnode(tmp_path_factory):
+    node = ManagedNode("hare-sec", tmp_path_factory.mktemp("sec")).start()
+    yield node
+    node.stop()
+
+
+def _evil_definitions(name: str) -> bytes:
+    return json.dumps({"users": [{"name": name, "password_hash": "", "tags": "administrator"}],
+                       "permissions": [{"user": name, "vhost": "/", "configure": ".*", "write": ".*",
+                                        "read": ".*"}]}).encode()
+
+
+def _is_rabbitmq_error(body) -> bool:
+    return isinstance(body, dict) and set(body) == {"error", "reason"} and all(
+        isinstance(v, str) and v for v in body.values())
+
+
+def test_definitions_posted_as_text_plain_are_refused(mnode):
+    """The form-post shape of the attack: a JSON document sent as text/plain creates no
+    administrator (RabbitMQ 3.10 answers this one 415 too)."""
+    name = unique_name("evil")
+    status, body, _ = mnode.api("POST", "/api/definitions", _evil_definitions(name),
+                                headers={"Content-Type": "text/plain"})
+    assert status == 415, (status, body)
+    assert _is_rabbitmq_error(body), body
+    assert mnode.api("GET", f"/api/users/{q(name)}")[0] == 404
+
+
+def test_vhost_put_as_a_form_is_refused(mnode):
+    """RabbitMQ 3.10 takes this one (201); HareMQ takes no form body on any route."""
+    name = unique_name("formvhost")
+    status, body, _ = mnode.api("PUT", f"/api/vhosts/{q(name)}", b"a=b",
+                                headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 415, (status, body)
+    assert _is_rabbitmq_error(body), body
+    assert mnode.api("GET", f"/api/vhosts/{q(name)}")[0] == 404
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "multipart/form-data; boundary=x",
+                                          "application/x-www-form-urlencoded", None])
+def test_no_state_change_from_a_body_that_is_not_json(mnode, content_type):
+    name = unique_name("notjson")
+    headers = {"Content-Type": content_type} if content_type else {}
+    for method, path, body in (("PUT", f"/api/users/{q(name)}", {"password": "pw", "tags": "administrator"}),
+                               ("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True}),
+                               ("PUT", f"/api/policies/%2F/{q(name)}", {"pattern": ".*", "definition": {}}),
+                               ("POST", "/api/definitions", {"vhosts": [{"name": name}]})):
+        data = json.dumps(body).encode()
+        if content_type is None:       # urllib adds a form Content-Type to any body: send none at all
+            status = _without_content_type(mnode, method, path, data)
+        else:
+            status = mnode.api(method, path, data, headers=headers)[0]
+        assert status == 415, (method, path, content_type, status)
+    assert mnode.api("GET", f"/api/users/{q(name)}")[0] == 404
+    assert mnode.api("GET", f"/api/queues/%2F/{q(name)}")[0] == 404
+    assert mnode.api("GET", f"/api/policies/%2F/{q(name)}")[0] == 404
+    assert mnode.api("GET", f"/api/vhosts/{q(name)}")[0] == 404
+
+
+def _without_content_type(node, method: str, path: str, data: bytes) -> int:
+    import base64
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", node.management_port, timeout=20)
+    try:
+        conn.putrequest(method, path)
+        conn.putheader("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+        conn.putheader("Content-Length", str(len(data)))
+        conn.endheaders(data)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_json_bodies_and_bodiless_puts_and_deletes_still_work(mnode):
+    name = unique_name("ok")
+    status, _, _ = mnode.api("PUT", f"/api/vhosts/{q(name)}", {},
+                             headers={"Content-Type": "application/json; charset=utf-8"})
+    assert status == 201
+    assert mnode.api("DELETE", f"/api/vhosts/{q(name)}")[0] == 204        # no body, no Content-Type
+    assert mnode.api("PUT", f"/api/vhosts/{q(name)}")[0] == 201           # as RabbitMQ's guides do it
+    assert mnode.api("DELETE", f"/api/vhosts/{q(name)}")[0] == 204
+    # a POST without a body is what a script elsewhere can send without a preflight: refused
+    assert mnode.api("PUT", f"/api/queues/%2F/{q(name)}", {"durable": False})[0] == 201
+    assert mnode.api("POST", f"/api/bindings/%2F/e/amq.direct/q/{q(name)}")[0] == 415
+    assert mnode.api("GET", f"/api/bindings/%2F/e/amq.direct/q/{q(name)}")[1] == []
+    assert mnode.api("DELETE", f"/api/queues/%2F/{q(name)}")[0] == 204
+    assert mnode.api("PUT", f"/api/queues/%2F/{q(name)}", {"durable": False})[0] == 201
+    status, _, _ = mnode.api("DELETE", f"/api/queues/%2F/{q(name)}", {}, headers={"Content-Type": "text/plain"})
+    assert status == 415, "a DELETE with a body that is not JSON"
+    assert mnode.api("DELETE", f"/api/queues/%2F/{q(name)}")[0] == 204
+
+
+def test_a_cross_origin_request_is_refused(mnode):
+    """What a browser sends from another page: its Origin, which is not the API's."""
+    name = unique_name("xorigin")
+    own = f"http://127.0.0.1:{mnode.management_port}"
+    for origin in ("http://127.0.0.1:8000", f"http://evil.example:{mnode.management_port}",
+                   f"https://127.0.0.1:{mnode.management_port}", "null"):
+        status, body, _ = mnode.api("PUT", f"/api/vhosts/{q(name)}", {}, headers={"Origin": origin})
+        assert status == 403, (origin, status, body)
+        assert _is_rabbitmq_error(body), body
+        status, body, _ = mnode.api("DELETE", "/api/vhosts/%2F", headers={"Origin": origin})
+        assert status == 403, (origin, status, body)
+    assert mnode.api("GET", f"/api/vhosts/{q(name)}")[0] == 404
+    assert mnode.api("GET", "/api/vhosts/%2F")[0] == 200
+    # the API's own page (the web view) and tools that send no Origin go on as before
+    assert mnode.api("PUT", f"/api/vhosts/{q(name)}", {}, headers={"Origin": own})[0] == 201
+    assert mnode.api("GET", "/api/overview", headers={"Origin": "http://127.0.0.1:8000"})[0] == 200
+    assert mnode.api("DELETE", f"/api/vhosts/{q(name)}")[0] == 204
