@@ -124,3 +124,61 @@ def test_a_cross_origin_request_is_refused(mnode):
     assert mnode.api("PUT", f"/api/vhosts/{q(name)}", {}, headers={"Origin": own})[0] == 201
     assert mnode.api("GET", "/api/overview", headers={"Origin": "http://127.0.0.1:8000"})[0] == 200
     assert mnode.api("DELETE", f"/api/vhosts/{q(name)}")[0] == 204
+
+
+# ---- the timeline and history of /api/haremq: by the user's vhosts ----------------------------------
+@pytest.fixture
+def inproc(tmp_path):
+    from tests.conftest import free_port
+    from tests.inprocess import InProcessNode
+    with InProcessNode(tmp_path, management_port=free_port(), prometheus_port=0) as n:
+        yield n
+
+
+def _inproc_api(n, method, path, body=None, **kw):
+    from tests.management import http
+    return http(method, n.node.config.management_port, path, body, **kw)
+
+
+def test_events_and_history_show_only_the_users_vhosts(inproc):
+    n = inproc
+    for vhost in ("team-a", "team-b"):
+        assert _inproc_api(n, "PUT", f"/api/vhosts/{vhost}")[0] == 201
+        assert _inproc_api(n, "PUT", f"/api/permissions/{vhost}/guest",
+                           {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+    for user, tags in (("alice", "management"), ("mona", "monitoring")):
+        assert _inproc_api(n, "PUT", f"/api/users/{user}", {"password": "pw", "tags": tags})[0] == 201
+    assert _inproc_api(n, "PUT", "/api/permissions/team-a/alice",
+                       {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+    sampler = n.broker.sampler
+    n.call(sampler.note, "failover", "queue 'payroll' in vhost 'team-b': master x -> y (epoch 2)",
+           vhost="team-b", queue="payroll", old="x", new="y", epoch=2)
+    n.call(sampler.note, "failover", "queue 'orders' in vhost 'team-a': master x -> y (epoch 2)",
+           vhost="team-a", queue="orders", old="x", new="y", epoch=2)
+    n.call(sampler.note, "member", "hare2 is down", node="hare2", state="down")
+    for vhost, count in (("team-a", 3), ("team-b", 7)):
+        assert _inproc_api(n, "PUT", f"/api/queues/{vhost}/q", {"durable": False})[0] == 201
+        for i in range(count):
+            body = {"routing_key": "q", "payload": str(i), "payload_encoding": "string", "properties": {}}
+            assert _inproc_api(n, "POST", f"/api/exchanges/{vhost}/amq.default/publish", body)[1] == {"routed": True}
+    n.call(sampler.sample)
+
+    def texts(user):
+        status, events, _ = _inproc_api(n, "GET", "/api/haremq/events", user=user)
+        assert status == 200, events
+        return " | ".join(e["text"] for e in events)
+    assert "payroll" in texts(("guest", "guest")) and "hare2 is down" in texts(("guest", "guest"))
+    assert "payroll" in texts(("mona", "pw"))          # monitoring sees every vhost, as in /api/queues
+    seen = texts(("alice", "pw"))
+    assert "orders" in seen and "payroll" not in seen, seen
+    assert "hare2" not in seen, "cluster members are for monitoring users (as /api/nodes)"
+
+    def last_sample(user):
+        status, history, _ = _inproc_api(n, "GET", "/api/haremq/history", user=user)
+        assert status == 200, history
+        return history[-1]
+    admin = last_sample(("guest", "guest"))
+    assert admin["messages_ready"] == 10 and set(admin["vhosts"]) >= {"team-a", "team-b"}
+    alice = last_sample(("alice", "pw"))
+    assert alice["messages_ready"] == 3 and alice["publish"] == 3, alice
+    assert set(alice["vhosts"]) == {"team-a"}, alice

@@ -897,11 +897,16 @@ class ManagementAPI:
 
     # ---- HareMQ's own, for the web view -----------------------------------------------------------
     async def events(self, request) -> web.Response:
+        """The timeline, filtered by the caller's vhosts (administrators and monitoring see all)."""
         self.sampler.watch()
-        return as_json(list(self.sampler.events))
+        caller = request["caller"]
+        return as_json(self.sampler.visible_events(
+            caller.is_monitor, lambda vhost: auth.can_see_vhost(self.broker, caller, vhost)))
 
     async def history(self, request) -> web.Response:
-        return as_json(list(self.sampler.history))
+        caller = request["caller"]
+        return as_json(self.sampler.visible_history(
+            caller.is_monitor, lambda vhost: auth.can_see_vhost(self.broker, caller, vhost)))
 
 
 def _resource(alarm: str) -> str:

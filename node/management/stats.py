@@ -21,6 +21,8 @@ INTERVAL = 5.0          # seconds between samples
 WATCH_INTERVAL = 1.0    # seconds between looks at the cluster's members and queue masters
 HISTORY = 120           # samples kept: ten minutes
 EVENTS = 200            # timeline entries kept
+# what a sample keeps per vhost, from the counters of the vhost's queues on this node
+VHOST_FIELDS = ("publish", "deliver_get", "ack", "messages_ready", "messages_unacknowledged")
 
 
 def channels(broker):
@@ -98,6 +100,7 @@ class Sampler:
         totals = node_totals(self.broker)
         ready = unacked = 0
         seen = {}
+        by_vhost: dict[str, list[int]] = {}
         for vname, queue in local_queues(self.broker):
             key = (vname, queue.name)
             counters = queue_counters(queue)
@@ -108,13 +111,17 @@ class Sampler:
             seen[key] = (now, counters)
             ready += queue.message_count
             unacked += queue.unacked
+            sums = by_vhost.setdefault(vname, [0, 0, 0, 0, 0])
+            for i, value in enumerate((*counters, queue.message_count, queue.unacked)):
+                sums[i] += value
         self._queues = seen
         self._queue_rates = {k: v for k, v in self._queue_rates.items() if k in seen}
         if self.history:
             last = self.history[-1]
             dt = now - last["t"]
             self._node_rates = {k: rate(totals[k], last[k], dt) for k in self._node_rates}
-        self.history.append({"t": now, **totals, "messages_ready": ready, "messages_unacknowledged": unacked})
+        self.history.append({"t": now, **totals, "messages_ready": ready, "messages_unacknowledged": unacked,
+                             "vhosts": {v: dict(zip(VHOST_FIELDS, sums)) for v, sums in by_vhost.items()}})
         self._watch_cluster(now)
 
     def queue_rates(self, vhost: str, name: str) -> tuple[float, float, float]:
@@ -123,6 +130,27 @@ class Sampler:
     @property
     def node_rates(self) -> dict:
         return dict(self._node_rates)
+
+    def visible_history(self, sees_all: bool, can_see) -> list[dict]:
+        """The samples as one user may see them: whole for administrators and monitoring users;
+        for others only the vhosts `can_see(vhost)` allows, the totals summed from their queues'
+        counters (a channel's counts are not kept by vhost, so `confirm` is left out)."""
+        if sees_all:
+            return [dict(s) for s in self.history]
+        out = []
+        for sample in self.history:
+            vhosts = {v: dict(f) for v, f in sample.get("vhosts", {}).items() if can_see(v)}
+            row = {"t": sample["t"], **{f: sum(v[f] for v in vhosts.values()) for f in VHOST_FIELDS},
+                   "vhosts": vhosts}
+            out.append(row)
+        return out
+
+    def visible_events(self, sees_all: bool, can_see) -> list[dict]:
+        """Timeline entries about a vhost's queue for those who may see that vhost; entries about
+        the cluster's members for administrators and monitoring users (as /api/nodes)."""
+        if sees_all:
+            return list(self.events)
+        return [e for e in self.events if e.get("vhost") is not None and can_see(e["vhost"])]
 
     # ---- the timeline ------------------------------------------------------------------------
     def note(self, kind: str, text: str, **fields) -> None:
