@@ -10,6 +10,7 @@ import socket
 import pika
 import pytest
 from pamqp import commands as spec
+from pamqp.body import ContentBody
 
 from haremq.node.broker.broker import Broker
 from tests.conftest import (HOST, Node, _open_clients, needs_process, pika_conn, raw_socket,
@@ -98,6 +99,69 @@ def test_consumer_only_connection_is_not_blocked(tmp_path):
         cons.rpc(spec.Queue.Declare(queue="", exclusive=True), 1, spec.Queue.DeclareOk)
         assert frames_until_quiet(cons) == []      # no connection.blocked: it never published
         n.call(n.broker.set_vm_memory_high_watermark, "0.95")
+
+
+def _partial_publish(client, channel: int, body_size: int, sent: bytes) -> None:
+    """basic.publish, a content header for `body_size` bytes and the first `sent` of them."""
+    from pamqp import frame as pframe
+    from pamqp import header as pheader
+    client.send_frames([spec.Basic.Publish(exchange="", routing_key="partial.q"),
+                        pheader.ContentHeader(0, body_size, spec.Basic.Properties())], channel)
+    if sent:
+        client.send_bytes(pframe.marshal(ContentBody(sent), channel))
+
+
+def test_a_partial_message_makes_a_publisher_that_the_memory_alarm_blocks(tmp_path):
+    """A connection counts as publishing from its first content frame, not from its first whole
+    message: one that only ever sends parts of messages is blocked (and not read) too."""
+    with InProcessNode(tmp_path) as n:
+        pub = raw_socket(n)
+        pub.open_channel(1)
+        n.call(n.broker.set_vm_memory_high_watermark, "1MB")      # far below our RSS
+        assert frames_until_quiet(pub) == []          # not a publisher yet: not blocked
+        _partial_publish(pub, 1, 10 << 20, b"x" * 1000)
+        assert pub.expect(spec.Connection.Blocked, 0).reason == "low on memory"
+        n.call(n.broker.set_vm_memory_high_watermark, "0.95")
+        pub.expect(spec.Connection.Unblocked, 0)
+
+
+def test_partial_bodies_are_bounded_per_connection(tmp_path):
+    """Many channels, each holding the start of a large message: the bytes a connection holds in
+    unfinished messages are bounded (one largest message's worth, 128 MiB); past that the
+    connection is closed with 506 RESOURCE_ERROR, and a connection that stays under goes on."""
+    from pamqp import frame as pframe
+
+    from haremq.node.protocol.connection import MAX_MESSAGE_SIZE, MAX_PARTIAL_BYTES
+    assert MAX_PARTIAL_BYTES <= MAX_MESSAGE_SIZE
+    node = Node("hare-partial", tmp_path).start()
+    try:
+        pub = raw_socket(node)
+        channels = range(1, 41)
+        for channel in channels:
+            pub.open_channel(channel)
+        chunk = pframe.marshal(ContentBody(b"p" * (pub.frame_max - 8)), 1)
+        per_channel = MAX_PARTIAL_BYTES // 32          # 40 channels of it go past the bound
+        frames = per_channel // (pub.frame_max - 8)
+        try:
+            for channel in channels:
+                _partial_publish(pub, channel, MAX_MESSAGE_SIZE, b"")
+                frame = chunk[:1] + channel.to_bytes(2, "big") + chunk[3:]
+                for _ in range(frames):
+                    pub.send_bytes(frame)
+        except OSError:
+            pass            # closed under our feet: what we are checking for
+        close = pub.expect_connection_close(30)
+        assert close.reply_code == 506, close
+        assert close.reply_text.startswith("RESOURCE_ERROR - unfinished messages on this connection hold"), close
+        # a publisher under the bound on another connection is not affected
+        ok = raw_socket(node)
+        ok.open_channel(1)
+        ok.rpc(spec.Queue.Declare(queue="partial.q"), 1, spec.Queue.DeclareOk)
+        ok.rpc(spec.Confirm.Select(), 1, spec.Confirm.SelectOk)
+        ok.publish(1, "", "partial.q", b"y" * (4 << 20))
+        ok.expect(spec.Basic.Ack, 1, timeout=30)
+    finally:
+        node.stop()
 
 
 class FlagNode(Node):

@@ -208,3 +208,33 @@ def test_a_channel_error_after_the_clients_close_is_answered_with_both():
     assert _types(conn) == [spec.Channel.Close, spec.Channel.CloseOk]
     conn.receive_data(pframe.marshal(spec.Channel.CloseOk(), 1))
     assert conn.open_channels() == [] and conn.state is State.OPEN
+
+
+def test_partial_bodies_are_counted_over_the_connection_and_bounded():
+    """Bytes held in unfinished messages, over every channel: a finished, failed or closed
+    channel's message gives its bytes back; past the bound, 506 RESOURCE_ERROR closes the
+    connection. The first content frame says the connection publishes (once)."""
+    conn = AMQPConnection(lambda user, pw, _peer: user, lambda _user, _vhost: None, "127.0.0.1",
+                          max_partial=1000)
+    conn.receive_data(HEADER + pframe.marshal(spec.Connection.StartOk(
+        client_properties={}, mechanism="PLAIN", response="\x00guest\x00guest"), 0)
+        + pframe.marshal(spec.Connection.TuneOk(2047, 131072, 0), 0) + pframe.marshal(spec.Connection.Open("/"), 0))
+    for channel in (1, 2, 3):
+        conn.receive_data(pframe.marshal(spec.Channel.Open(), channel))
+    conn.data_to_send()
+    started = conn.receive_data(b"".join(_publish_frames(1, b"a" * 600, size=2000)))
+    assert [type(e).__name__ for e in started] == ["PublishingStarted"]
+    assert conn.partial_bytes == 600
+    events = conn.receive_data(b"".join(_publish_frames(2, b"b" * 300, size=400)) + _raw_frame(3, 2, b"c" * 100))
+    assert [type(e).__name__ for e in events] == ["MessageReceived"], "PublishingStarted comes once"
+    assert conn.partial_bytes == 600
+    conn.close_channel(1, AMQPError(ReplyCode.PRECONDITION_FAILED, "test"))
+    assert conn.partial_bytes == 0
+    conn.receive_data(b"".join(_publish_frames(3, b"d" * 900, size=5000)))
+    assert conn.partial_bytes == 900 and conn.state is State.OPEN
+    conn.receive_data(_raw_frame(3, 3, b"e" * 101))
+    close = frames_of(conn.data_to_send())[-1]
+    assert isinstance(close, spec.Connection.Close) and close.reply_code == 506
+    assert close.reply_text == ("RESOURCE_ERROR - unfinished messages on this connection hold 1001 bytes, "
+                                "more than the limit of 1000")
+    assert conn.state is State.CLOSING and conn.partial_bytes == 0

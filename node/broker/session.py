@@ -42,7 +42,7 @@ class Session:
         self.log = broker.log.bind(peer=f"{peer[0]}:{peer[1]}")
         self.gate: tuple | None = None    # output waits until the store has written up to here
         self.gate_store = None
-        self.publisher = False        # has published: reading stops while a resource alarm is on
+        self.publisher = False        # has sent a content frame: reading stops while a resource alarm is on
         self.blocked = False          # reading paused by an alarm (ERR-4)
         self.set_reading = _nothing_bool   # set by the server: pause (False) or resume (True) reading
         broker.sessions.add(self)
@@ -176,10 +176,6 @@ class Session:
                 channel.publish(event.publish, event.props_raw, event.body)
             finally:
                 self._handling = outer
-            if not self.publisher:
-                self.publisher = True
-                if self.broker.blocking:
-                    self.block()
             if channel.confirms is not None and channel.confirms.ready:
                 self._confirm_channels.add(channel)
         elif kind is ev.MethodReceived:
@@ -196,6 +192,8 @@ class Session:
                 self._handling = outer
             if channel.confirms is not None and channel.confirms.ready:
                 self._confirm_channels.add(channel)
+        elif kind is ev.PublishingStarted:
+            self._publishing()
         elif kind is ev.ChannelOpened:
             self.channels[event.channel] = Channel(self, event.channel)
         elif kind is ev.ChannelClosedByPeer:
@@ -284,6 +282,14 @@ class Session:
             if self.client_capability("connection.blocked"):
                 self.send_method(0, Conn.Unblocked())
             self.set_reading(True)
+
+    def _publishing(self) -> None:
+        """A publisher from the connection's first content frame (the protocol machine says so
+        once, before the message it starts): blocked now if an alarm is on."""
+        if not self.publisher:
+            self.publisher = True
+            if self.broker.blocking:
+                self.block()
 
     def block(self) -> None:
         if self.blocked:

@@ -35,6 +35,10 @@ SERVER_CHANNEL_MAX = 2047
 SERVER_HEARTBEAT = 60
 FRAME_MIN_SIZE = 4096
 MAX_MESSAGE_SIZE = 128 * 1024 * 1024
+# Body bytes a connection may hold in messages not yet whole, over all its channels: one largest
+# message's worth. A client that starts large messages on many channels at once (2047 x 128 MiB
+# would be 256 GiB) is closed with 506 RESOURCE_ERROR past it.
+MAX_PARTIAL_BYTES = MAX_MESSAGE_SIZE
 PUBLISH_CACHE = 64      # decoded basic.publish methods a connection keeps for reuse
 
 CAPABILITIES = {
@@ -108,13 +112,14 @@ UNEXPECTED = {
 class _Assembly:
     """A publish being assembled from its method, header and body frames."""
 
-    __slots__ = ("publish", "props_raw", "remaining", "parts")
+    __slots__ = ("publish", "props_raw", "remaining", "parts", "held")
 
     def __init__(self, publish):
         self.publish = publish
         self.props_raw = b""
         self.remaining = 0
         self.parts: list[bytes] = []
+        self.held = 0           # bytes in parts
 
 
 Authenticator = Callable[[str, str, str], "str | None"]   # (user, password, peer_host) -> user
@@ -126,7 +131,8 @@ class AMQPConnection:
 
     def __init__(self, authenticate: Authenticator, check_vhost: VhostCheck, peer_host: str,
                  server_properties: dict | None = None, heartbeat: int = SERVER_HEARTBEAT,
-                 frame_max: int = SERVER_FRAME_MAX, channel_max: int = SERVER_CHANNEL_MAX):
+                 frame_max: int = SERVER_FRAME_MAX, channel_max: int = SERVER_CHANNEL_MAX,
+                 max_partial: int = MAX_PARTIAL_BYTES):
         self.state = State.AWAIT_HEADER
         self._authenticate = authenticate
         self._check_vhost = check_vhost
@@ -148,6 +154,9 @@ class AMQPConnection:
         self._channels: dict[int, ChannelState] = {}
         self._peer_closed: set[int] = set()      # the client's channel.close not answered yet
         self._assembly: dict[int, _Assembly] = {}
+        self.partial_bytes = 0      # body bytes held in messages not yet whole, every channel
+        self.max_partial = max_partial
+        self.publishing = False     # a content frame has arrived: the session counts us a publisher
         self._publishes: dict[bytes, object] = {}   # method payload -> its decoded basic.publish (read only)
         self._out: list[bytes] = []
 
@@ -369,6 +378,8 @@ class AMQPConnection:
             if len(self._publishes) >= PUBLISH_CACHE:
                 self._publishes.clear()
             publish = self._publishes[payload] = decode_publish(payload)
+        if not self.publishing:
+            self._started_publishing(out)
         out.append(ev.MessageReceived(channel, publish, hpayload[12:], bpayload))
         return 2
 
@@ -420,6 +431,8 @@ class AMQPConnection:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED,
                             f"message size {body_size} is larger than configured max size {MAX_MESSAGE_SIZE}",
                             60, 40)
+        if not self.publishing:
+            self._started_publishing(out)
         asm.props_raw = props_raw
         asm.remaining = body_size
         if body_size == 0:
@@ -435,11 +448,31 @@ class AMQPConnection:
         if asm.remaining == 0:
             body = b"".join(asm.parts) + payload if asm.parts else payload
             self._finish_message(channel, asm, body, out)
-        else:
-            asm.parts.append(payload)
+            return
+        asm.parts.append(payload)
+        asm.held += len(payload)
+        self.partial_bytes += len(payload)
+        if self.partial_bytes > self.max_partial:
+            held = self.partial_bytes
+            for other in list(self._assembly):
+                self._drop_assembly(other)
+            raise AMQPError(ReplyCode.RESOURCE_ERROR,
+                            f"unfinished messages on this connection hold {held} bytes, more than "
+                            f"the limit of {self.max_partial}")
+
+    def _started_publishing(self, out: list) -> None:
+        self.publishing = True
+        out.append(ev.PublishingStarted())
+
+    def _drop_assembly(self, channel: int) -> None:
+        asm = self._assembly.pop(channel, None)
+        if asm is not None:
+            self.partial_bytes -= asm.held
+            asm.parts = []
 
     def _finish_message(self, channel: int, asm: _Assembly, body: bytes, out: list) -> None:
         del self._assembly[channel]
+        self.partial_bytes -= asm.held
         self._channels[channel] = ChannelState.OPEN
         out.append(ev.MessageReceived(channel, asm.publish, asm.props_raw, body))
 
@@ -466,7 +499,7 @@ class AMQPConnection:
         discarded, and a channel.close of the client's, crossing ours, is answered with close-ok."""
         if self._channels.get(channel) in (None, ChannelState.CLOSING):
             return
-        self._assembly.pop(channel, None)
+        self._drop_assembly(channel)
         self._channels[channel] = ChannelState.CLOSING
         self.send_method(channel, Ch.Close(err.code, err.text, err.class_id, err.method_id))
         if channel in self._peer_closed:      # the session has done with it: answer now
@@ -478,7 +511,7 @@ class AMQPConnection:
         if self._channels.get(channel) not in (ChannelState.OPEN, ChannelState.AWAIT_HEADER,
                                                ChannelState.AWAIT_BODY):
             return
-        self._assembly.pop(channel, None)
+        self._drop_assembly(channel)
         self._channels[channel] = ChannelState.FAILED
         out.append(ev.ChannelFailed(channel, err))
 

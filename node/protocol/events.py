@@ -57,3 +57,9 @@ class MessageReceived:
     publish: object
     props_raw: bytes
     body: bytes
+
+
+@dataclass(slots=True)
+class PublishingStarted:
+    """The connection's first content frame arrived (once per connection): it publishes from
+    now on, so a resource alarm blocks it even while its messages are still partial."""
