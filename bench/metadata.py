@@ -1,0 +1,508 @@
+"""Metadata at scale, next to RabbitMQ: connections, queue declares and deletes, restart (issue 35).
+
+    python -m haremq.bench.metadata --queues 10000 --connections 1000 [--batch 200]
+        [--brokers haremq,rabbitmq] [--rabbit-port PORT] [--json out.json]
+
+What an application with many queues does (one queue per user, device,
+tenant or RPC reply), on one node of each broker in the same run, with
+aiormq:
+
+1. start the node (fresh data dir) and time it until a client can connect;
+2. open N connections, one channel each (connections/s, RSS per connection);
+3. declare Q durable queues, `--batch` at a time, spread over the channels;
+   the rate is reported for the first and the last `--bucket` queues, so a
+   rate that falls as queues accumulate shows (RSS per queue);
+4. publish one persistent message to each queue with confirms, then
+   basic.get each (the same batches);
+5. close the connections, stop the node and start it again: the time from
+   the start until a client finds the last queue is the restart time with Q
+   queues;
+6. reconnect and delete every queue, `--batch` at a time (first and last
+   buckets again).
+
+RabbitMQ is a throw-away node of Debian's rabbitmq-server on --rabbit-port,
+with its data under the bench's work directory as ../shared/bench/rabbitmq_ref.sh
+and bench/compare start theirs, but with the file-descriptor limit RabbitMQ's
+documentation asks for (`ulimit -n`, here --nofile, by default this shell's
+hard limit; HareMQ runs with the same): started through Debian's wrapper
+(`su rabbitmq`) it gets a soft limit of 1,024, and with 1,000 connections
+open its queues then crash with `emfile` and publishes are nacked. When run
+as root, the bench starts RabbitMQ's own script as user rabbitmq with that
+limit, as the wrapper would but for the limit. If a broker still accepts
+fewer than N connections the bench goes on with those it got and says how
+many. Each figure is printed with the machine's load
+average before the phase and the share of a core the client used (near 1.0:
+the client was the limit). Figures are printed, never asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pwd
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiormq
+from pamqp import commands as pc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def rss_kb(pid: int | None) -> int:
+    if not pid:
+        return 0
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def nofile_limit(n: int):
+    """A preexec_fn: the child may open n files (`ulimit -n n`)."""
+    def raise_limit():
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(n, hard), hard))
+    return raise_limit
+
+
+def open_files_limit(pid: int | None) -> int | None:
+    try:
+        with open(f"/proc/{pid}/limits") as fh:
+            for line in fh:
+                if line.startswith("Max open files"):
+                    return int(line.split()[3])
+    except (OSError, ValueError, TypeError):
+        pass
+    return None
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def log(msg: str) -> None:
+    print(f"[metadata {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the brokers ----------------------------------------------------------------------------------
+class HareNode:
+    label = "HareMQ"
+
+    def __init__(self, work: Path, nofile: int):
+        self.data = work / "haremq"
+        self.port = free_port()
+        self.nofile = nofile
+        self.proc: subprocess.Popen | None = None
+
+    def launch(self) -> None:
+        self.data.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "haremq.node.cli", "node", "--name", "hare-meta", "--data-dir", str(self.data),
+                "--amqp-port", str(self.port), "--bind", "127.0.0.1",
+                "--log-level", os.environ.get("HAREMQ_BENCH_LOG", "warning")]
+        with open(self.data.parent / "haremq.log", "ab") as fh:
+            self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         cwd=ROOT, start_new_session=True, preexec_fn=nofile_limit(self.nofile))
+
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def version(self) -> str:
+        from importlib.metadata import version
+        try:
+            return f"HareMQ {version('haremq')}"
+        except Exception:  # noqa: BLE001
+            return "HareMQ"
+
+
+class RabbitNode:
+    """A throw-away rabbitmq-server on 127.0.0.1:port (as ../shared/bench/rabbitmq_ref.sh starts one)."""
+
+    label = "RabbitMQ"
+
+    def __init__(self, work: Path, port: int, nofile: int):
+        self.port = port
+        self.nofile = nofile
+        self.name = f"meta{port}@localhost"
+        self.base = work / f"rmq-{port}"
+        self.wrapper: subprocess.Popen | None = None
+        self._pid: int | None = None
+
+    def env(self) -> dict:
+        return dict(os.environ, RABBITMQ_NODENAME=self.name, RABBITMQ_NODE_PORT=str(self.port),
+                    RABBITMQ_DIST_PORT=str(self.port + 20000), RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+                    RABBITMQ_MNESIA_BASE=str(self.base / "mnesia"), RABBITMQ_LOG_BASE=str(self.base / "log"),
+                    RABBITMQ_ENABLED_PLUGINS_FILE=str(self.base / "enabled_plugins"))
+
+    def ctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(["rabbitmqctl", "-n", self.name, *args], capture_output=True, text=True,
+                              timeout=timeout, env=self.env())
+
+    def launch(self) -> None:
+        if not shutil.which("rabbitmq-server"):
+            raise RuntimeError("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
+        if port_open(self.port):
+            raise RuntimeError(f"port {self.port} is already in use (pick another --rabbit-port)")
+        self.base.mkdir(parents=True, exist_ok=True)
+        (self.base / "enabled_plugins").write_text("[].\n")
+        if os.geteuid() == 0:   # Debian's wrapper re-executes as user rabbitmq when run as root
+            subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", str(self.base)], capture_output=True)
+            os.chmod(self.base.parent, 0o755)
+        self._pid = None
+        env, argv, cwd, preexec = self.env(), ["rabbitmq-server"], None, nofile_limit(self.nofile)
+        script = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+        if os.geteuid() == 0 and script.exists():
+            # what Debian's wrapper does (su rabbitmq), keeping the file-descriptor limit
+            user = pwd.getpwnam("rabbitmq")
+            env.update(HOME=user.pw_dir, USER="rabbitmq", LOGNAME="rabbitmq")
+            argv, cwd = [str(script)], user.pw_dir
+
+            def preexec():
+                nofile_limit(self.nofile)()
+                os.setgroups([])
+                os.setgid(user.pw_gid)
+                os.setuid(user.pw_uid)
+        with open(self.base / "server.out", "ab") as fh:
+            self.wrapper = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd,
+                                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=preexec)
+
+    def alive(self) -> bool:
+        return self.wrapper is not None and self.wrapper.poll() is None
+
+    def pid(self) -> int | None:
+        if self._pid is None:
+            r = self.ctl("eval", "list_to_integer(os:getpid()).", timeout=30)
+            try:
+                self._pid = int(r.stdout.strip())
+            except ValueError:
+                return None
+        return self._pid
+
+    def stop(self) -> None:
+        self.ctl("stop", timeout=300)
+        if self.wrapper is not None:
+            try:
+                self.wrapper.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.wrapper.pid, signal.SIGKILL)
+        self._pid = None
+
+    def version(self) -> str:
+        r = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"], capture_output=True, text=True)
+        return f"RabbitMQ {r.stdout.strip() or '?'}"
+
+
+# ---- the client ---------------------------------------------------------------------------------------
+class Clock:
+    """Wall time, the client's CPU and the load average of one phase."""
+
+    def __init__(self):
+        self.load = load_average()
+        self.wall = time.monotonic()
+        self.cpu = time.process_time()
+
+    def done(self) -> tuple[float, float]:
+        wall = time.monotonic() - self.wall
+        return wall, (time.process_time() - self.cpu) / wall if wall > 0 else 0.0
+
+
+async def connect(url: str, timeout: float = 30):
+    conn = await asyncio.wait_for(aiormq.connect(url), timeout)
+    channel = await conn.channel()
+    return conn, channel
+
+
+async def open_connections(url: str, n: int, parallel: int = 50) -> tuple[list, list[str]]:
+    """Up to n connections with a channel each, `parallel` opening at once; the errors of those that failed."""
+    opened, errors = [], []
+    for start in range(0, n, parallel):
+        results = await asyncio.gather(*(connect(url) for _ in range(start, min(n, start + parallel))),
+                                       return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                errors.append(f"{type(r).__name__}: {r}")
+            else:
+                opened.append(r)
+        if errors and len(errors) >= parallel:
+            break    # the broker refuses more: go on with what is open
+    return opened, errors
+
+
+async def close_connections(conns: list) -> None:
+    for start in range(0, len(conns), 100):
+        await asyncio.gather(*(c.close() for c, _ch in conns[start:start + 100]), return_exceptions=True)
+
+
+async def batched(channels: list, names: list[str], batch: int, call) -> list[float]:
+    """call(channel, name) for every name, `batch` at a time (each on its own channel); each batch's seconds."""
+    times = []
+    for start in range(0, len(names), batch):
+        began = time.monotonic()
+        await asyncio.gather(*(call(channels[(start + i) % len(channels)], name)
+                               for i, name in enumerate(names[start:start + batch])))
+        times.append(time.monotonic() - began)
+    return times
+
+
+def bucket_rates(times: list[float], batch: int, bucket: int, total: int) -> dict:
+    """Operations/s over the first and the last `bucket` operations, and over all of them."""
+    per = max(1, bucket // batch)
+    first, last = sum(times[:per]), sum(times[-per:])
+    n = min(bucket, total)
+    return {"all": total / sum(times) if sum(times) else 0.0,
+            "first": n / first if first else 0.0, "last": n / last if last else 0.0,
+            "first_over_last": (last / first) if first else 0.0}
+
+
+async def wait_ready(url: str, queue: str | None, timeout: float = 600) -> float:
+    """Seconds until a client connects (and finds `queue`, if given)."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        try:
+            conn, channel = await connect(url, timeout=5)
+            try:
+                if queue is not None:
+                    await channel.queue_declare(queue, passive=True)
+            finally:
+                await conn.close()
+            return time.monotonic() - began
+        except Exception:  # noqa: BLE001   not up yet
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"not ready after {timeout} s")
+
+
+async def run_broker(node, args) -> dict:
+    url = f"amqp://guest:guest@127.0.0.1:{node.port}/%2F"
+    out: dict = {"broker": node.version()}
+    names = [f"meta.{i:06d}" for i in range(args.queues)]
+    node.launch()
+    try:
+        out["fresh_start_s"] = await wait_ready(url, None)
+        rss0 = rss_kb(node.pid())
+        out["rss_fresh_kb"] = rss0
+        out["open_files_limit"] = open_files_limit(node.pid())
+
+        log(f"{node.label}: {args.connections} connections")
+        clock = Clock()
+        conns, errors = await open_connections(url, args.connections)
+        wall, cpu = clock.done()
+        rss1 = rss_kb(node.pid())
+        out["connections"] = {"opened": len(conns), "errors": len(errors), "first_error": errors[:1],
+                              "rate": len(conns) / wall, "rss_per_kb": (rss1 - rss0) / max(1, len(conns)),
+                              "load": clock.load, "client_cpu": cpu}
+        channels = [ch for _c, ch in conns]
+        if not channels:
+            raise RuntimeError(f"no connection opened: {errors[:1]}")
+
+        log(f"{node.label}: declare {args.queues} durable queues, {args.batch} at a time")
+        clock = Clock()
+        times = await batched(channels, names, args.batch,
+                              lambda ch, name: ch.queue_declare(name, durable=True))
+        wall, cpu = clock.done()
+        rss2 = rss_kb(node.pid())
+        out["declare"] = {**bucket_rates(times, args.batch, args.bucket, len(names)), "seconds": wall,
+                          "rss_per_queue_kb": (rss2 - rss1) / len(names), "load": clock.load, "client_cpu": cpu}
+
+        log(f"{node.label}: publish one confirmed message to each")
+        props = pc.Basic.Properties(delivery_mode=2)
+        clock = Clock()
+
+        failed = {"nacked": 0, "empty": 0}
+
+        async def publish(ch, name):
+            try:
+                confirm = await ch.basic_publish(b"m" * 100, routing_key=name, properties=props)
+            except aiormq.exceptions.DeliveryError:
+                confirm = None
+            if not isinstance(confirm, pc.Basic.Ack):
+                failed["nacked"] += 1
+        times = await batched(channels, names, args.batch, publish)
+        wall, cpu = clock.done()
+        out["publish"] = {"rate": len(names) / wall, "nacked": failed["nacked"], "load": clock.load,
+                          "client_cpu": cpu}
+
+        log(f"{node.label}: basic.get from each")
+        clock = Clock()
+
+        async def get(ch, name):
+            message = await ch.basic_get(name, no_ack=True)
+            if message.body != b"m" * 100:
+                failed["empty"] += 1
+        times = await batched(channels, names, args.batch, get)
+        wall, cpu = clock.done()
+        out["get"] = {"rate": len(names) / wall, "empty": failed["empty"], "load": clock.load, "client_cpu": cpu}
+
+        log(f"{node.label}: restart with {args.queues} queues")
+        await close_connections(conns)
+        clock = Clock()
+        node.stop()
+        out["stop_s"] = time.monotonic() - clock.wall
+        clock = Clock()
+        node.launch()
+        out["restart"] = {"seconds": await wait_ready(url, names[-1]), "load": clock.load}
+        out["rss_restarted_kb"] = rss_kb(node.pid())
+
+        conns, errors = await open_connections(url, min(args.connections, len(conns)))
+        channels = [ch for _c, ch in conns]
+        log(f"{node.label}: delete them all, {args.batch} at a time")
+        clock = Clock()
+        times = await batched(channels, names, args.batch, lambda ch, name: ch.queue_delete(name))
+        wall, cpu = clock.done()
+        out["delete"] = {**bucket_rates(times, args.batch, args.bucket, len(names)), "seconds": wall,
+                         "load": clock.load, "client_cpu": cpu}
+        await close_connections(conns)
+    finally:
+        if node.alive():
+            node.stop()
+    return out
+
+
+# ---- the report -------------------------------------------------------------------------------------
+ROWS = [
+    ("fresh node: start until a client connects, s", lambda r: r["fresh_start_s"], "lower"),
+    ("file-descriptor limit of the node", lambda r: r["open_files_limit"], None),
+    ("connections opened", lambda r: r["connections"]["opened"], None),
+    ("connections/s", lambda r: r["connections"]["rate"], "higher"),
+    ("RSS per connection, KB", lambda r: r["connections"]["rss_per_kb"], "lower"),
+    ("declare/s, all queues", lambda r: r["declare"]["all"], "higher"),
+    ("declare/s, first bucket", lambda r: r["declare"]["first"], "higher"),
+    ("declare/s, last bucket", lambda r: r["declare"]["last"], "higher"),
+    ("declare: last bucket's cost / first's", lambda r: r["declare"]["first_over_last"], "lower"),
+    ("RSS per queue, KB", lambda r: r["declare"]["rss_per_queue_kb"], "lower"),
+    ("publish one confirmed message to each, msg/s", lambda r: r["publish"]["rate"], "higher"),
+    ("publishes nacked", lambda r: r["publish"]["nacked"], None),
+    ("basic.get from each, msg/s", lambda r: r["get"]["rate"], "higher"),
+    ("basic.get found nothing", lambda r: r["get"]["empty"], None),
+    ("restart with the queues until the last is found, s", lambda r: r["restart"]["seconds"], "lower"),
+    ("delete/s, all queues", lambda r: r["delete"]["all"], "higher"),
+    ("delete/s, first bucket", lambda r: r["delete"]["first"], "higher"),
+    ("delete/s, last bucket", lambda r: r["delete"]["last"], "higher"),
+]
+
+
+def fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def report(results: dict, args) -> str:
+    labels = list(results)
+    lines = [f"{args.queues:,} durable queues ({args.batch} at a time, buckets of {args.bucket:,}), "
+             f"{args.connections:,} connections asked for; " + ", ".join(r.get("broker", k) for k, r in results.items()),
+             "", "| figure | " + " | ".join(labels) + (" | HareMQ/RabbitMQ |" if len(labels) == 2 else " |"),
+             "|---" * (len(labels) + 1 + (len(labels) == 2)) + "|"]
+    for name, get, _better in ROWS:
+        cells = []
+        values = []
+        for label in labels:
+            try:
+                value = get(results[label])
+            except (KeyError, TypeError):
+                value = None
+            values.append(value)
+            cells.append("n/a" if value is None else fmt(value))
+        ratio = ""
+        if len(labels) == 2:
+            a, b = values
+            ratio = f" {a / b:.2f}x |" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else " |"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |" + ratio)
+    lines.append("")
+    for label, r in results.items():
+        if "error" in r:
+            lines.append(f"{label}: {r['error']}")
+        phases = {k: v for k, v in r.items() if isinstance(v, dict) and "load" in v}
+        lines.append(f"{label}: load average before each phase " + ", ".join(
+            f"{k} {v['load']:.2f}" for k, v in phases.items()) + "; client CPU share " + ", ".join(
+            f"{k} {v['client_cpu']:.2f}" for k, v in phases.items() if "client_cpu" in v))
+    return "\n".join(lines)
+
+
+async def main_async(args) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="haremq-metadata-"))
+    results: dict = {}
+    try:
+        for label in args.brokers:
+            node = HareNode(work, args.nofile) if label == "haremq" else RabbitNode(work, args.rabbit_port, args.nofile)
+            try:
+                results[node.label] = await run_broker(node, args)
+            except Exception as exc:  # noqa: BLE001   one broker's failure is reported, not fatal
+                log(f"{node.label}: {type(exc).__name__}: {exc}")
+                results[node.label] = {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--queues", type=int, default=10_000)
+    parser.add_argument("--connections", type=int, default=1_000)
+    parser.add_argument("--batch", type=int, default=200, help="operations in flight at once")
+    parser.add_argument("--bucket", type=int, default=1_000, help="the first and last this many are timed apart")
+    parser.add_argument("--brokers", default="haremq,rabbitmq")
+    parser.add_argument("--rabbit-port", type=int, default=None,
+                        help="RabbitMQ's AMQP port (its distribution port is this + 20000); default: a free one")
+    parser.add_argument("--nofile", type=int, default=resource.getrlimit(resource.RLIMIT_NOFILE)[1],
+                        help="each broker's file-descriptor limit (ulimit -n); default: the hard limit")
+    parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args(argv)
+    args.brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
+    if args.rabbit_port is None:
+        args.rabbit_port = next(p for p in range(5695, 5790) if not port_open(p) and not port_open(p + 20000))
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    import logging
+    logging.getLogger("aiormq").setLevel(logging.CRITICAL)    # "connection refused" while a node starts
+    results = asyncio.run(main_async(args))
+    print(report(results, args))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
