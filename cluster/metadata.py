@@ -16,7 +16,7 @@ import structlog
 from haremq.node.broker import commands as C
 from haremq.node.broker.exchange import Exchange
 from haremq.node.broker.message import Entry
-from haremq.node.broker.metadata import bind, declare_exchange, delete_exchange, owner_of, vhost_of
+from haremq.node.broker.metadata import bind, declare_exchange, delete_exchange, owner_node, owner_of, vhost_of
 from haremq.node.broker.metadata import method_of as _method
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 
@@ -50,6 +50,12 @@ class MetadataMachine:
         self.on_forget = None       # name -> the membership stops counting that member
         self.on_add = None          # (name, address) -> a new member is counted and pinged
         self.on_removed = None      # this node itself was forgotten
+        self.on_node_down = None    # name -> node.down applied (not replaying): end what its clients held here
+        # member -> the log index of its last return (node.restarted, node.resumed), and of the
+        # return after which node.down was applied: the leader's watch (cluster/node_down.py)
+        # proposes node.down for a member agreed down whose last return is not yet marked down
+        self.returned: dict[str, int] = {}
+        self.down: dict[str, int] = {}
         self.recovered: dict[int, list] = {}
         # Until this node applies its own node.restarted entry of this incarnation, what it
         # applies is history: the state is rebuilt, the store, the mirrors and the clients are
@@ -161,9 +167,63 @@ class MetadataMachine:
                         consumer.channel.consumer_cancelled_by_broker(consumer)
         if self.mirroring is not None:
             self.mirroring.node_restarted(c.node, c.incarnation)
+        self.returned[c.node] = index
         if c.node == self.node and c.incarnation == self.incarnation and self.replaying:
             self._replayed(index)
         return {}
+
+    def _node_resumed(self, index, c):
+        """A node that paused (pause-minority) serves again from here: a node.down the leader
+        decided before this entry, on its earlier view of the node, is void."""
+        self.returned[c.node] = index
+        return {}
+
+    def _node_down(self, index, c):
+        """The members agree a node is down (a majority's view; the leader proposes it): the
+        connections it served are gone, and everything they owned goes, as RabbitMQ's
+        on_node_down does. Every member applies this in log order:
+
+        - their exclusive queues are deleted (homed on that node: RemoteQueue handles here,
+          the real queues on the node itself, when it applies the entry on its return);
+        - not replaying, `on_node_down` ends what they held on queues mastered here: the queue
+          links their channels opened to this node close, so their consumers are removed (a
+          single-active consumer hands over, an auto-delete queue whose last consumer that was
+          is deleted) and what they had not acked is requeued as redelivered. A link's stream
+          usually broke already when the node went (cluster/queue_service.py requeues then);
+          this entry ends one that did not. On the node itself, its clients are closed (320).
+
+        Void if the node came back since the leader decided (`since` is the log index of the
+        node's last node.restarted or node.resumed the leader had applied): a node that was
+        merely cut off and returns never loses what clients it serves after its return own.
+
+        Pause-minority, as in RabbitMQ: a node in the minority closes its clients itself (320)
+        and its own proposals to delete their exclusive queues cannot commit, so the majority
+        deleting them is what a client reconnecting elsewhere needs (RabbitMQ 3.10 answers 404
+        at once). A returning node serves only after its node.resumed entry is applied, which
+        comes after any node.down decided while it was away; one that never paused (stopped by
+        SIGSTOP, or the others stopped hearing it first) closes its clients when it applies its
+        own node.down, since what they owned is gone cluster-wide. Clients on the majority side
+        are never touched."""
+        since = self.returned.get(c.node, 0)
+        if since != c.since or self.down.get(c.node) == since:
+            return {"down": False}
+        self.down[c.node] = since
+        deleted = []
+        for vhost in self.broker.vhosts.values():
+            for queue in list(vhost.queues.values()):
+                owner = queue.exclusive_owner
+                if owner is None or owner_node(getattr(owner, "key", None)) != c.node:
+                    continue
+                if self.mirroring is not None:
+                    self.mirroring.deleted(vhost.name, queue.name)
+                vhost.remove_queue(queue)
+                deleted.append(queue.name)
+        if not self.replaying:
+            self.log.warning("member down: what its connections owned goes", member=c.node,
+                             exclusive_queues_deleted=len(deleted))
+            if self.on_node_down is not None:
+                self.on_node_down(c.node)
+        return {"down": True, "exclusive_queues_deleted": len(deleted)}
 
     def _replayed(self, index: int) -> None:
         """The log is replayed up to this node's return: the recovered messages of queues it does
@@ -363,6 +423,8 @@ APPLY = {
     C.QueueDeclare: MetadataMachine._queue_declare,
     C.QueueDelete: MetadataMachine._queue_delete,
     C.NodeRestarted: MetadataMachine._node_restarted,
+    C.NodeResumed: MetadataMachine._node_resumed,
+    C.NodeDown: MetadataMachine._node_down,
     C.NodeStopping: MetadataMachine._node_stopping,
     C.MemberForget: MetadataMachine._member_forget,
     C.MemberAdd: MetadataMachine._member_add,

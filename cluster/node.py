@@ -14,7 +14,7 @@ import structlog
 
 from pathlib import Path
 
-from haremq.node.broker.commands import Command, NodeRestarted, NodeStopping
+from haremq.node.broker.commands import Command, NodeRestarted, NodeResumed, NodeStopping
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
@@ -26,6 +26,8 @@ from .raft_storage import RaftStorage
 from .membership import CHANNEL_OPTIONS, Membership
 from .reply_to import ReplyForwarder
 from .mirroring import Mirroring
+from .node_down import DownWatch
+from .queue_service import Links
 from .rpc import cluster_pb2_grpc as pbg
 from .secret import SecretCheck
 from .service import ClusterService
@@ -58,6 +60,9 @@ class ClusterNode:
         self.raft = Raft(name, self.membership, RaftStorage(Path(data_dir) / "raft", name), self.metadata.apply)
         self.mirroring = Mirroring(self)
         self.metadata.mirroring = self.mirroring
+        self.links = Links()             # queue links open here, by their clients' node
+        self.down_watch = DownWatch(self)
+        self.metadata.on_node_down = self._node_down
         self.metadata.on_home_lost = self.membership.probe
         self.membership.on_alarms = broker.set_peer_alarms
         self.metadata.on_forget = self.membership.forget
@@ -74,6 +79,7 @@ class ClusterNode:
         self.metadata.tasks = self.tasks
         self._transition: asyncio.Task | None = None
         self._announced = False
+        self._returning = False        # paused after announcing: node.resumed before serving again
         self.draining = False
         broker.cluster = self
         broker.metadata = self
@@ -124,6 +130,7 @@ class ClusterNode:
         await self.membership.start()
         await self.raft.start()
         await self.mirroring.start()
+        await self.down_watch.start()
         if self.config.advertise and self.raft.storage.last_index == 0 and self.membership.peers:
             from .discovery import join
             self.joining = True
@@ -135,6 +142,7 @@ class ClusterNode:
                 await asyncio.wait_for(self.raft.propose(NodeStopping(self.name).to_json()), 1.0)
             except Exception:  # noqa: BLE001 - shutting down regardless
                 pass
+        await self.down_watch.stop()
         await self.mirroring.stop()
         await self.replies.stop()
         await self.raft.stop()
@@ -183,11 +191,47 @@ class ClusterNode:
         if majority:
             if not self._announced:
                 await self._announce_restart()
+            elif self._returning and not await self._announce_return():
+                return                 # the majority went again meanwhile: still paused
             if not self.draining:      # `haremq ctl drain` keeps clients away until `revive`
                 await self.amqp.resume()
         else:
             self.log.warning("pausing: this node cannot see a majority of the cluster (pause-minority)")
+            self._returning = self._announced
             await self.amqp.pause("pause-minority: node cannot see a majority of the cluster")
+
+    async def _announce_return(self) -> bool:
+        """Back from a pause, before serving: node.resumed, so that a node.down the leader decided
+        while this node was away applies (here too) before any client it serves now owns
+        anything, and one decided on that old view after this entry is void. False if the
+        majority went again before the entry could be committed."""
+        while self.membership.has_majority:
+            try:
+                await self.raft.propose(NodeResumed(self.name).to_json())
+                self._returning = False
+                self.log.info("back from a pause: serving again")
+                return True
+            except (NotLeader, asyncio.TimeoutError, grpc.aio.AioRpcError) as exc:
+                self.log.info("waiting for the metadata leader", reason=str(exc) or "timeout")
+                await asyncio.sleep(0.3)
+        return False
+
+    def _node_down(self, name: str) -> None:
+        """node.down applied (not replaying): the links that member's clients opened to queues
+        mastered here end (consumers removed, what they had not acked requeued). If it is this
+        node, the cluster has counted its clients gone and deleted what they owned: they are
+        closed (320), as a paused node's are."""
+        ended = self.links.end_from(name)
+        if ended:
+            self.log.info("queue links of a member that is down ended", member=name, links=ended)
+        if name != self.name:
+            return
+        err = AMQPError(ReplyCode.CONNECTION_FORCED,
+                        "broker forced connection closure with reason 'the cluster counted this node down'")
+        for session in list(self.broker.sessions):
+            if session.vhost is not None and not session.closed:
+                session.close(err)
+                session.wakeup()
 
     async def _announce_restart(self) -> None:
         """Before serving: the cluster drops what did not survive this node's restart

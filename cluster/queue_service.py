@@ -4,8 +4,10 @@ A `LinkChannel` stands in for the client's channel towards the local queue:
 the queue delivers to it as to any channel, it numbers deliveries, keeps
 them until the client node acks, requeues or rejects them, and requeues
 whatever is left when the stream ends (the client channel closed or its node
-died, ACK-6). Publishes on the stream are confirmed back when the queue says
-they are safe (in memory, or fsynced when persistent to a durable queue).
+died, ACK-6), or when the cluster agrees the client's node is down (node.down:
+`Links.end_from`), whichever comes first. Publishes on the stream are confirmed
+back when the queue says they are safe (in memory, or fsynced when persistent
+to a durable queue).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import asyncio
 
 from pamqp import decode
 
+from haremq.node.broker.metadata import owner_node
 from haremq.node.broker.queue import LOGGED, SAFE, Consumer, Queue
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
@@ -70,7 +73,8 @@ class LinkChannel:
     def handle(self, call) -> None:
         kind = call.WhichOneof("call")
         queue = self.queue
-        if queue.deleted:       # deposed or deleted meanwhile: nothing more is confirmed here
+        if queue.deleted or self.closed:    # deposed or deleted meanwhile, or the link ended:
+            # nothing more is confirmed here
             if kind == "publish" and call.publish.seq:
                 self._confirm(call.publish.seq, False)
             return
@@ -163,8 +167,39 @@ class LinkChannel:
         for consumer in consumers:
             self.queue.remove_consumer(consumer)
 
+    def end(self) -> None:
+        """Close, and end the stream (its client's node is down)."""
+        self.close()
+        self.events.put_nowait(None)
 
-async def serve_link(broker, request_iterator, context):
+
+class Links:
+    """The queue links open on this node, by the node of the client connection behind each
+    (a link the node itself opened to dead-letter names none and is not kept)."""
+
+    def __init__(self):
+        self.by_node: dict[str, set[LinkChannel]] = {}
+
+    def add(self, node: str, link: LinkChannel) -> None:
+        if node:
+            self.by_node.setdefault(node, set()).add(link)
+
+    def remove(self, node: str, link: LinkChannel) -> None:
+        links = self.by_node.get(node)
+        if links is not None:
+            links.discard(link)
+            if not links:
+                del self.by_node[node]
+
+    def end_from(self, node: str) -> int:
+        """node.down: end every link from that node's clients; how many were still open."""
+        links = self.by_node.pop(node, set())
+        for link in links:
+            link.end()
+        return len(links)
+
+
+async def serve_link(broker, request_iterator, context, links: Links | None = None):
     """The QueueSession handler: yields events while a task handles the calls."""
     events: asyncio.Queue = asyncio.Queue()
     first = await request_iterator.__anext__()
@@ -192,6 +227,9 @@ async def serve_link(broker, request_iterator, context):
             code=404, text=f"NOT_FOUND - no queue '{first.open.queue}' in vhost '{first.open.vhost}'"))
         return
     link = LinkChannel(queue, events, mirroring)
+    origin = owner_node(first.open.owner)
+    if links is not None:
+        links.add(origin, link)
 
     async def handle_calls():
         try:
@@ -218,3 +256,5 @@ async def serve_link(broker, request_iterator, context):
     finally:
         await stream.close()
         link.close()
+        if links is not None:
+            links.remove(origin, link)

@@ -39,7 +39,7 @@ class ClusterService(pbg.ClusterServicer):
         return await self.node.raft.on_propose(request)
 
     async def QueueSession(self, request_iterator, context):
-        async for event in serve_link(self.node.broker, request_iterator, context):
+        async for event in serve_link(self.node.broker, request_iterator, context, self.node.links):
             yield event
 
     async def Mirror(self, request_iterator, context):

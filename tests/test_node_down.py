@@ -1,14 +1,17 @@
-"""A member that dies, left down: what its client connections held on other nodes' queues goes,
-as in RabbitMQ (its consumers, and their unacked deliveries, requeued as redelivered)."""
+"""A member the others agree is down, left down: what its client connections owned goes, as in
+RabbitMQ (its exclusive queues, its consumers and their unacked deliveries on other nodes'
+queues), within the failure-detection time; when it comes back nothing of it returns."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pika
 import pytest
 
-from tests.clusters import proxied_cluster, stop_cluster
-from tests.conftest import IS_REF, wait_until
+from tests.clusters import ctl_json, proxied_cluster, stop_cluster
+from tests.conftest import IS_REF, port_open, wait_until
 
 pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
 
@@ -58,6 +61,104 @@ def _gone_everywhere(members, names, timeout):
 def _pump(connections, until, timeout=10.0, message=""):
     wait_until(lambda: [c.process_data_events(0.05) for c in connections] and until(), timeout=timeout,
                message=message)
+
+
+# ---- exclusive queues --------------------------------------------------------------------------
+def test_exclusive_queues_of_a_killed_node_are_gone_on_the_survivors_at_once(cluster):
+    """RabbitMQ answers 404 at once; the name is free for a client that reconnects elsewhere."""
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    c1, ch1 = _chan(hare1)
+    ch1.queue_declare("nd.replies", exclusive=True)
+    server_named = ch1.queue_declare("", exclusive=True).method.queue
+    ch1.queue_bind("nd.replies", "amq.direct", "nd.replies")
+    assert _passive(hare2, "nd.replies") == 405           # locked while its connection lives
+    hare1.kill9()
+    took = _gone_everywhere((hare2, hare3), ["nd.replies", server_named], timeout=FAILURE_TIMEOUT + 2)
+    assert took <= FAILURE_TIMEOUT, f"404 only after {took:.1f} s"
+    # a client that reconnects to a survivor declares its reply queue again and uses it
+    c2, ch2 = _chan(hare2)
+    ch2.queue_declare("nd.replies", exclusive=True)
+    ch2.queue_bind("nd.replies", "amq.direct", "nd.replies")
+    c3, ch3 = _chan(hare3)
+    ch3.confirm_delivery()
+    ch3.basic_publish("amq.direct", "nd.replies", b"answer", mandatory=True)
+    method, _props, body = wait_until(lambda: (lambda g: g if g[0] else None)(ch2.basic_get("nd.replies")), timeout=5)
+    assert body == b"answer" and not method.redelivered
+    assert _passive(hare3, "nd.replies") == 405            # exclusive to hare2's client now
+    for c in (c2, c3):
+        c.close()
+
+
+def test_a_node_cut_off_closes_its_clients_and_the_majority_drops_their_exclusive_queues(cluster):
+    """Pause-minority: the node in the minority closes its clients itself (320), so their
+    exclusive queues are dead and the majority deletes them; exclusive queues of clients on the
+    majority side are untouched; after healing, the node serves new clients whose exclusive
+    queues stay."""
+    members, partition = cluster
+    hare1, hare2, hare3 = members
+    c1, ch1 = _chan(hare1)
+    ch1.queue_declare("nd.minority", exclusive=True)
+    c2, ch2 = _chan(hare2)
+    ch2.queue_declare("nd.majority", exclusive=True)
+    partition["cut"]()
+    try:
+        wait_until(lambda: not port_open(hare1.port, 0.2), timeout=10, message="hare1 never paused")
+        _gone_everywhere((hare2, hare3), ["nd.minority"], timeout=FAILURE_TIMEOUT + 5)
+        assert _passive(hare3, "nd.majority") == 405
+    finally:
+        partition["heal"]()
+    wait_until(lambda: port_open(hare1.port, 0.2), timeout=20, message="hare1 did not resume after healing")
+    c1, ch1 = wait_until(lambda: _try_chan(hare1), timeout=10)
+    ch1.queue_declare("nd.after", exclusive=True)
+    time.sleep(FAILURE_TIMEOUT)                              # long enough for any late decision
+    assert _passive(hare1, "nd.minority") == 404
+    for m in members:
+        assert _passive(m, "nd.after") == 405
+        assert _passive(m, "nd.majority") == 405
+    ch1.queue_declare("nd.after", passive=True)              # hare1's new client still has it
+    ch2.queue_declare("nd.majority", passive=True)
+    for c in (c1, c2):
+        c.close()
+
+
+def test_a_node_stopped_past_the_failure_timeout_closes_the_clients_whose_queues_went(cluster):
+    """SIGSTOP: the others count the node down and delete its clients' exclusive queues; when it
+    runs again it never paused (a stall is not counted against the others), so it applies its own
+    node.down and closes those clients (320): what they owned is gone cluster-wide."""
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    c1, ch1 = _chan(hare1)
+    ch1.queue_declare("nd.stopped", exclusive=True)
+    os.killpg(hare1.proc.pid, signal.SIGSTOP)
+    try:
+        _gone_everywhere((hare2, hare3), ["nd.stopped"], timeout=FAILURE_TIMEOUT + 5)
+    finally:
+        os.killpg(hare1.proc.pid, signal.SIGCONT)
+    closed = []
+
+    def closed_by_broker():
+        try:
+            c1.process_data_events(0.1)
+        except pika.exceptions.ConnectionClosedByBroker as exc:
+            closed.append(exc.reply_code)
+        return closed
+    wait_until(closed_by_broker, timeout=10, message="hare1's client was not closed")
+    assert closed == [320]
+    c1, ch1 = wait_until(lambda: _try_chan(hare1), timeout=10)
+    assert _passive(hare1, "nd.stopped") == 404
+    ch1.queue_declare("nd.stopped", exclusive=True)           # a new client of hare1 takes the name
+    time.sleep(1)
+    assert _passive(hare2, "nd.stopped") == 405
+    ch1.queue_declare("nd.stopped", passive=True)
+    c1.close()
+
+
+def _try_chan(member):
+    try:
+        return _chan(member)
+    except pika.exceptions.AMQPConnectionError:
+        return None
 
 
 # ---- consumers on queues mastered elsewhere ------------------------------------------------------
@@ -129,4 +230,45 @@ def test_an_auto_delete_queue_whose_last_consumer_was_on_the_dead_node_is_delete
     _gone_everywhere((hare2, hare3), ["nd.auto"], timeout=FAILURE_TIMEOUT + 2)
     assert ch2.queue_declare("nd.kept", passive=True).method.consumer_count == 1
     for c in (c2, c3):
+        c.close()
+
+
+# ---- the node comes back -----------------------------------------------------------------------
+def test_a_node_that_comes_back_does_not_resurrect_what_went(cluster):
+    members, _ = cluster
+    hare1, hare2, hare3 = members
+    c2, ch2 = _chan(hare2)
+    ch2.queue_declare("nd.shared", durable=True)              # mastered on hare2
+    ch2.confirm_delivery()
+    for i in range(3):
+        ch2.basic_publish("", "nd.shared", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    c1, ch1 = _chan(hare1)
+    ch1.queue_declare("nd.mine", exclusive=True)
+    server_named = ch1.queue_declare("", exclusive=True).method.queue
+    ch1.basic_qos(prefetch_count=3)
+    held = []
+    ch1.basic_consume("nd.shared", lambda _c, m, _p, body: held.append(body))
+    _pump([c1], lambda: len(held) == 3)
+    hare1.kill9()
+    _gone_everywhere((hare2, hare3), ["nd.mine", server_named], timeout=FAILURE_TIMEOUT + 2)
+    ch2.queue_declare("nd.mine", exclusive=True)              # the name, taken on a survivor
+    ch2.queue_bind("nd.mine", "amq.fanout")
+    hare1.start(timeout=60)
+    wait_until(lambda: _try_chan(hare1), timeout=10)
+    for m in members:
+        assert _passive(m, server_named) == 404
+        assert _passive(m, "nd.mine") == 405
+    rows = [r for r in ctl_json(hare1, "list-queues") if r["name"] in ("nd.mine", server_named)]
+    assert [(r["name"], r["node"]) for r in rows] == [("nd.mine", "hare2")]
+    # hare2's client still owns and uses it; hare1's consumer of nd.shared is gone for good
+    c1, ch1 = _chan(hare1)
+    ch1.confirm_delivery()
+    ch1.basic_publish("amq.fanout", "", b"after")
+    method, _props, body = wait_until(lambda: (lambda g: g if g[0] else None)(ch2.basic_get("nd.mine")), timeout=5)
+    assert body == b"after"
+    shared = ch2.queue_declare("nd.shared", passive=True).method
+    assert (shared.message_count, shared.consumer_count) == (3, 0)
+    redelivered = [ch2.basic_get("nd.shared", auto_ack=True) for _ in range(3)]
+    assert [(m.redelivered, b) for m, _p, b in redelivered] == [(True, str(i).encode()) for i in range(3)]
+    for c in (c1, c2):
         c.close()

@@ -121,6 +121,20 @@ class NodeRestarted(NodeEvent, op="node.restarted"):
     incarnation: str = ""
 
 
+@dataclass(frozen=True)
+class NodeDown(NodeEvent, op="node.down"):
+    """The members agree the node is down (the leader proposes it): the connections it served are
+    gone, and what they owned goes with them on every member, as RabbitMQ's on_node_down does.
+    `since` is the log index of the node's last return (node.restarted or node.resumed) as the
+    leader knew it: if the node has returned since, the entry is void."""
+    since: int = 0
+
+
+class NodeResumed(NodeEvent, op="node.resumed"):
+    """A node that paused (pause-minority) sees a majority again and serves from this entry on:
+    a node.down decided before it is void. The node serves no client until it has applied it."""
+
+
 class NodeStopping(NodeEvent, op="node.stopping"):
     """ha-promote-on-shutdown decides for the queues it masters."""
 
@@ -181,8 +195,8 @@ class BrokerCall(Command, op="broker.call"):
 
 COMMANDS: dict[str, type[Command]] = {cls.op: cls for cls in (
     Noop, ExchangeDeclare, ExchangeDelete, Bind, Unbind, QueueDeclare, QueueDelete, NodeRestarted,
-    NodeStopping, MemberForget, MemberAdd, QueuePromote, QueueMirrorSynced, QueueMirrorDropped, QueueMember,
-    BrokerCall)}
+    NodeDown, NodeResumed, NodeStopping, MemberForget, MemberAdd, QueuePromote, QueueMirrorSynced,
+    QueueMirrorDropped, QueueMember, BrokerCall)}
 
 
 def from_json(data: dict) -> Command | None:

@@ -31,6 +31,11 @@ def owner_of(broker, key: str | None):
     return broker.sessions_by_key.get(key) or _Owner(key)
 
 
+def owner_node(key: str | None) -> str:
+    """The node a connection key names: a session is NODE/ID (node/broker/session.py)."""
+    return key.rpartition("/")[0] if key else ""
+
+
 class _Method:
     __slots__ = ("index",)
 
