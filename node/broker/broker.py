@@ -300,12 +300,12 @@ class Broker(Persistence):
         self._reply_to.pop(token, None)
 
     def deliver_reply_here(self, routing_key: str, message) -> bool:
-        """A direct reply for a requester connected to this node; False if there is none."""
+        """A direct reply for a requester connected to this node; False if there is none, or if
+        its connection cannot take more output now (the reply is dropped: see `deliver_reply`)."""
         channel = self._reply_to.get(routing_key)
         if channel is None:
             return False
-        channel.deliver_reply(message)
-        return True
+        return channel.deliver_reply(message)
 
     def deliver_reply(self, routing_key: str, message) -> bool:
         """A direct reply: to the requesting channel, on this node or (clustered) on the node

@@ -47,6 +47,7 @@ class Channel(ExchangeMethods, QueueMethods, BasicMethods, ConfirmTxMethods):
         self.last_queue = ""
         self.reply_token: str | None = None
         self.reply_consumer_tag: str | None = None
+        self.replies_dropped = 0          # direct replies its connection could not take (not reading)
         self.closed = False
         self.remote_queues: set = set()   # queues homed elsewhere this channel has a link to
         self.held = False                 # waiting for durability: later frames wait in backlog

@@ -93,14 +93,25 @@ class BasicMethods:
         self.reply_token = self.session.broker.register_reply_to(self)
         self._reply(cmd.Basic.ConsumeOk(tag), m.nowait)
 
-    def deliver_reply(self, message: Message) -> None:
-        """A direct reply-to message: straight to this channel's reply consumer, no ack."""
+    def deliver_reply(self, message: Message) -> bool:
+        """A direct reply-to message: straight to this channel's reply consumer, no ack. False
+        (the reply is dropped) when the channel is gone or its connection cannot take more
+        output now: a requester that does not read its replies must not make the node hold
+        them without limit, and a reply has no queue to wait in (RabbitMQ too drops a direct
+        reply it cannot deliver; a mandatory one goes back to its publisher as unroutable)."""
         if self.closed or self.reply_consumer_tag is None:
-            return
+            return False
+        if not self.session.can_write():
+            self.replies_dropped += 1
+            if self.replies_dropped == 1 or self.replies_dropped % 1000 == 0:
+                self.session.log.info("direct replies dropped: the requester is not reading them",
+                                      channel=self.id, dropped=self.replies_dropped)
+            return False
         tag = self.deliveries.tag()
         self.session.write(encode_deliver(self.id, shortstr(self.reply_consumer_tag), tag, False,
                                           message.exchange_raw, message.routing_key_raw,
                                           message.props_raw, message.body, self.session.frame_max))
+        return True
 
     def _basic_cancel(self, m) -> None:
         if m.consumer_tag == self.reply_consumer_tag and m.consumer_tag is not None:
