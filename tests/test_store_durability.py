@@ -176,24 +176,27 @@ def test_a_copy_from_an_older_log_keeps_the_delivered_flag_of_what_it_copies(tmp
     assert recover(tmp_path, 64 << 10)[:2] == ([b"kept"], [True])
 
 
-# ---- the metadata snapshot ------------------------------------------------------------------------------
-def test_a_short_write_of_the_metadata_snapshot_is_written_on_to_its_end(tmp_path, monkeypatch):
+# ---- the metadata log ----------------------------------------------------------------------------------
+def test_a_short_write_of_the_metadata_log_is_written_on_to_its_end(tmp_path, monkeypatch):
     import os
 
-    write = os.write
-    monkeypatch.setattr(os, "write", lambda fd, data: write(fd, bytes(data[:100])))   # 100 bytes a call
-    snapshot = b'{"version":1,"vhosts":{"/":{"queues":"%s"}}}' % (b"q" * 10_000)
+    from haremq.node.store import meta
+
+    pwrite = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: pwrite(fd, bytes(data[:100]), offset))
+    change = meta.record({"op": "queue", "vhost": "/", "queue": {"name": "q" * 10_000, "id": 1,
+                                                                 "auto_delete": False, "arguments": ""}})
 
     async def run():
         store = MessageStore(tmp_path)
         store.open()
-        store.save_meta(lambda: snapshot)
+        store.log_meta(change)
         await durable(store)
         await store.close()
 
     asyncio.run(run())
-    assert (tmp_path / "meta.bin").read_bytes() == snapshot
-    assert recover(tmp_path)[2].meta == snapshot
+    assert meta.log_path(tmp_path, 1).read_bytes() == meta.frame(change)
+    assert recover(tmp_path)[2].meta["vhosts"]["/"]["queues"][0]["name"] == "q" * 10_000
 
 
 # ---- syncing on the loop ---------------------------------------------------------------------------------

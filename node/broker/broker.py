@@ -15,7 +15,7 @@ from .permissions import Access, Permission, vhost_refused
 from .metadata import LocalMetadata
 from .ports import MetadataPort
 from .reply_to import reply_token, token_node
-from .vhost import Persistence, VHost, is_durable, server_name
+from .vhost import Persistence, VHost, server_name
 
 
 class BrokerError(ValueError):
@@ -101,7 +101,7 @@ class Broker(Persistence):
             self.users.add_hashed(name, password_hash, hashing_algorithm, tags)
         else:
             self.users.add(name, password, tags, loopback_only=name == "guest")
-        self.changed()
+        self.users_changed()
 
     def delete_user(self, name: str) -> None:
         self._user(name)
@@ -109,19 +109,20 @@ class Broker(Persistence):
         for key in [k for k in self.permissions if k[0] == name]:
             del self.permissions[key]
         self._refresh_access(name, None)
-        self.changed()
+        self.users_changed()
+        self._permissions_changed()
 
     def change_password(self, name: str, password: str) -> None:
         user = self._user(name)
         user.password_hash, user.algorithm = hash_password(password), SHA256
-        self.changed()
+        self.users_changed()
 
     def set_user_tags(self, name: str, tags: list[str] | str | None = None) -> None:
         user = self._user(name)
         if isinstance(tags, str):
             tags = [t for t in tags.replace(",", " ").split() if t]
         user.tags = list(tags or [])
-        self.changed()
+        self.users_changed()
 
     def list_users(self) -> list[dict]:
         return [{"user": u.name, "tags": list(u.tags)} for u in self.users.all()]
@@ -132,7 +133,7 @@ class Broker(Persistence):
         if name in self.vhosts:
             raise BrokerError(f"vhost '{name}' already exists")
         self.vhosts[name] = VHost(name, self)
-        self.changed()
+        self._log_change({"op": "vhost", "vhost": name})
 
     def delete_vhost(self, name: str) -> None:
         vhost = self._vhost(name)
@@ -145,7 +146,8 @@ class Broker(Persistence):
         del self.vhosts[name]
         for key in [k for k in self.permissions if k[1] == name]:
             del self.permissions[key]
-        self.changed()
+        self._log_change({"op": "vhost.delete", "vhost": name})
+        self._permissions_changed()
 
     def list_vhosts(self) -> list[dict]:
         return [{"name": name} for name in self.vhosts]
@@ -156,14 +158,14 @@ class Broker(Persistence):
         permission = Permission(configure, write, read)
         self.permissions[(user, vhost)] = permission
         self._refresh_access(user, vhost)
-        self.changed()
+        self._permissions_changed()
 
     def clear_permissions(self, user: str, vhost: str = "/") -> None:
         self._user(user)
         self._vhost(vhost)
         self.permissions.pop((user, vhost), None)
         self._refresh_access(user, vhost)
-        self.changed()
+        self._permissions_changed()
 
     def list_permissions(self, vhost: str | None = None) -> list[dict]:
         return [{"user": u, "vhost": v, "configure": p.configure, "write": p.write, "read": p.read}
@@ -184,14 +186,14 @@ class Broker(Persistence):
             raise BrokerError(str(exc)) from None
         target.policies[name] = policy
         target.apply_policies()
-        self.changed()
+        self._policies_changed(target)
 
     def clear_policy(self, vhost: str, name: str) -> None:
         target = self._vhost(vhost)
         if target.policies.pop(name, None) is None:
             raise BrokerError(f"policy '{name}' does not exist in vhost '{vhost}'")
         target.apply_policies()
-        self.changed()
+        self._policies_changed(target)
 
     def list_policies(self, vhost: str | None = None) -> list[dict]:
         return [policy.as_json(vname) for vname, v in self.vhosts.items() if vhost is None or vname == vhost
@@ -318,9 +320,46 @@ class Broker(Persistence):
         return self.metadata.forward_reply(node, routing_key, message)
 
     # ---- persistence (durable metadata) -------------------------------------------------
-    def changed(self) -> None:
-        if self.store is not None:
-            self.store.save_meta(self._snapshot)
+    # On a single node every change to durable metadata is one record on the store's metadata
+    # log (node/store/meta.py), whatever else exists. Clustered, the Raft log is the record.
+    def _log_change(self, change: dict) -> None:
+        if self.store is not None and isinstance(self.metadata, LocalMetadata):
+            self.store.log_meta(meta.record(change))
+
+    def exchange_saved(self, vhost: VHost, exchange: Exchange) -> None:
+        self._log_change({"op": "exchange", "vhost": vhost.name, "exchange": {
+            "name": exchange.name, "type": exchange.type.value, "auto_delete": exchange.auto_delete,
+            "internal": exchange.internal, "arguments": encode_table(exchange.arguments)}})
+
+    def exchange_removed(self, vhost: VHost, exchange: Exchange) -> None:
+        self._log_change({"op": "exchange.delete", "vhost": vhost.name, "name": exchange.name})
+
+    def queue_saved(self, vhost: VHost, queue) -> None:
+        self._log_change({"op": "queue", "vhost": vhost.name, "queue": {
+            "name": queue.name, "id": queue.store_id, "auto_delete": queue.auto_delete,
+            "arguments": encode_table(queue.arguments)}})
+
+    def queue_removed(self, vhost: VHost, queue) -> None:
+        self._log_change({"op": "queue.delete", "vhost": vhost.name, "name": queue.name})
+
+    def binding_changed(self, vhost: VHost, source: Exchange, destination, routing_key: str, arguments: dict,
+                        added: bool) -> None:
+        self._log_change({"op": "bind" if added else "unbind", "vhost": vhost.name, "binding": {
+            "source": source.name, "destination": destination.name,
+            "kind": "exchange" if isinstance(destination, Exchange) else "queue",
+            "routing_key": routing_key, "arguments": encode_table(arguments)}})
+
+    def users_changed(self) -> None:
+        self._log_change({"op": "users", "users": [
+            {"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": u.algorithm,
+             "tags": list(u.tags)} for u in self.users.all()]})
+
+    def _permissions_changed(self) -> None:
+        self._log_change({"op": "permissions", "permissions": self.list_permissions()})
+
+    def _policies_changed(self, vhost: VHost) -> None:
+        self._log_change({"op": "policies", "vhost": vhost.name,
+                          "policies": [p.as_json(vhost.name) for p in vhost.policies.values()]})
 
     def queue_unused(self, vhost: VHost, queue) -> None:
         self.metadata.submit(QueueDelete(vhost.name, queue.name, getattr(queue.exclusive_owner, "key", None)),
@@ -334,37 +373,9 @@ class Broker(Persistence):
     def metadata_pending(self) -> bool:
         return self.store is not None and self.store.meta_pending
 
-    def _snapshot(self) -> bytes:
-        vhosts = {}
-        for vname, vhost in self.vhosts.items():
-            exchanges, queues, bindings = [], [], []
-            for exchange in vhost.exchanges.values():
-                if not exchange.durable:
-                    continue
-                if exchange.name and not exchange.name.startswith("amq."):
-                    exchanges.append({"name": exchange.name, "type": exchange.type.value,
-                                      "auto_delete": exchange.auto_delete, "internal": exchange.internal,
-                                      "arguments": encode_table(exchange.arguments)})
-                for destination, key, args in exchange.bindings():
-                    if is_durable(destination):
-                        bindings.append({"source": exchange.name, "destination": destination.name,
-                                         "kind": "exchange" if isinstance(destination, Exchange) else "queue",
-                                         "routing_key": key, "arguments": encode_table(args)})
-            for queue in vhost.queues.values():
-                if queue.store is not None:
-                    queues.append({"name": queue.name, "id": queue.store_id, "auto_delete": queue.auto_delete,
-                                   "arguments": encode_table(queue.arguments)})
-            vhosts[vname] = {"exchanges": exchanges, "queues": queues, "bindings": bindings,
-                             "policies": [p.as_json(vname) for p in vhost.policies.values()]}
-        users = [{"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": u.algorithm,
-                  "tags": list(u.tags)} for u in self.users.all()]
-        permissions = self.list_permissions()
-        return meta.dumps({"vhosts": vhosts, "next_queue_id": self.next_queue_id, "users": users,
-                           "permissions": permissions})
-
     def restore(self, recovered) -> None:
         """Rebuild durable exchanges, queues and bindings, and put recovered messages back."""
-        snapshot = meta.loads(recovered.meta)
+        snapshot = recovered.meta or {"vhosts": {}, "next_queue_id": 1}
         self.next_queue_id = snapshot.get("next_queue_id", 1)
         if "users" in snapshot:
             self.users.clear()

@@ -85,7 +85,7 @@ def import_definitions(broker, data: dict) -> None:
                 vhost.bind_queue(queue, b["source"], b.get("routing_key", ""), arguments)
         else:
             vhost.bind_exchange(b["destination"], b["source"], b.get("routing_key", ""), arguments)
-    broker.changed()
+    broker.users_changed()     # the rest was logged change by change as it was made
 
 
 def _plain(table: dict) -> dict:

@@ -5,9 +5,9 @@ A channel changes exchanges, queues and bindings only by proposing a command
 is applied. Clustered, the port is cluster.node.ClusterNode: the command goes
 through the Raft log and every node applies it (cluster/metadata.py, with the
 functions below). On a single node the port is `LocalMetadata`: the command
-applies here at once and the reply waits only for the metadata snapshot to
-be on disk, as a durable declare must survive a crash. The channel has one
-path either way.
+applies here at once and the reply waits only for the change's record on
+the store's metadata log (node/store/meta.py) to be on disk, as a durable
+declare must survive a crash. The channel has one path either way.
 """
 from __future__ import annotations
 

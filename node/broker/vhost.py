@@ -48,12 +48,26 @@ def _fmt(value) -> str:
 
 
 class Persistence:
-    """What a vhost needs from the node's store; the default keeps nothing."""
+    """What a vhost needs from the node's store: each change to a durable exchange, queue or
+    binding, as it happens (node/broker/broker.py logs it); the default keeps nothing."""
 
     store = None
 
-    def changed(self) -> None:
-        """A durable exchange, queue or binding changed: save the metadata."""
+    def exchange_saved(self, vhost: "VHost", exchange: Exchange) -> None:
+        """A durable exchange was declared."""
+
+    def exchange_removed(self, vhost: "VHost", exchange: Exchange) -> None:
+        """A durable exchange went, and every binding from or to it with it."""
+
+    def queue_saved(self, vhost: "VHost", queue: Queue) -> None:
+        """A durable queue was declared."""
+
+    def queue_removed(self, vhost: "VHost", queue: Queue) -> None:
+        """A durable queue went, and every binding to it with it."""
+
+    def binding_changed(self, vhost: "VHost", source: Exchange, destination, routing_key: str, arguments: dict,
+                        added: bool) -> None:
+        """A binding between a durable exchange and a durable queue or exchange was added or removed."""
 
     def new_queue_id(self) -> int:
         return 0
@@ -119,7 +133,7 @@ class VHost:
                                 arguments=dict(arguments or {}))
             self._add_exchange(exchange)
             if durable:
-                self.persistence.changed()
+                self.persistence.exchange_saved(self, exchange)
             return exchange
         what = self._where("exchange", name)
         for field, received, current in (("type", xtype.value, existing.type.value),
@@ -149,7 +163,7 @@ class VHost:
     def _remove_exchange(self, exchange: Exchange) -> None:
         del self.exchanges[exchange.name]
         if exchange.durable:
-            self.persistence.changed()
+            self.persistence.exchange_removed(self, exchange)
         if exchange in self._headers_exchanges:
             self._headers_exchanges.remove(exchange)
         for source in list(self.exchanges.values()):
@@ -172,11 +186,12 @@ class VHost:
         except BindingArgumentError as exc:
             raise _err(ReplyCode.PRECONDITION_FAILED, str(exc), method) from None
         if added:
-            self._binding_changed(source, destination)
+            self._binding_changed(source, destination, routing_key, arguments, True)
 
-    def _binding_changed(self, source: Exchange, destination) -> None:
+    def _binding_changed(self, source: Exchange, destination, routing_key: str, arguments: dict,
+                         added: bool) -> None:
         if source.durable and is_durable(destination):
-            self.persistence.changed()
+            self.persistence.binding_changed(self, source, destination, routing_key, arguments or {}, added)
 
     def bind_queue(self, queue: Queue, exchange_name: str, routing_key: str, arguments: dict, method=None):
         self._bind(self._binding_source(exchange_name, method), queue, routing_key, arguments, method)
@@ -184,7 +199,7 @@ class VHost:
     def unbind_queue(self, queue: Queue, exchange_name: str, routing_key: str, arguments: dict, method=None):
         exchange = self._binding_source(exchange_name, method)
         if exchange.unbind(queue, routing_key, arguments or {}):
-            self._binding_changed(exchange, queue)
+            self._binding_changed(exchange, queue, routing_key, arguments, False)
             self._maybe_auto_delete(exchange)
 
     def bind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict, method=None):
@@ -202,7 +217,7 @@ class VHost:
         if src is None or dst is None:
             return
         if src.unbind(dst, routing_key, arguments or {}):
-            self._binding_changed(src, dst)
+            self._binding_changed(src, dst, routing_key, arguments, False)
             self._maybe_auto_delete(src)
 
     # ---- routing -------------------------------------------------------------------------
@@ -269,7 +284,7 @@ class VHost:
         except AMQPError as err:
             raise _err(err.code, err.text.split(" - ", 1)[-1], method) from None
         if logged:
-            self.persistence.changed()
+            self.persistence.queue_saved(self, queue)
         return queue
 
     def validate_new_queue(self, name: str, arguments: dict, durable: bool, exclusive: bool, auto_delete: bool,
@@ -374,7 +389,7 @@ class VHost:
         """Delete a queue: drop its bindings, tell its consumers, forget its messages."""
         self.queues.pop(queue.name, None)
         if queue.store is not None:
-            self.persistence.changed()
+            self.persistence.queue_removed(self, queue)
         for exchange in list(self.exchanges.values()):
             if exchange.unbind_all(queue):
                 self._maybe_auto_delete(exchange)

@@ -47,6 +47,7 @@ from typing import Callable
 import structlog
 
 from ..tasks import TaskGroup
+from . import meta as meta_log
 from . import records as rec
 from .writer import Batch, SegmentWriter, segment_path
 
@@ -89,10 +90,12 @@ def _unpack(loc: int) -> tuple[int, int, int, bool]:
 
 
 class Recovered:
-    """What a store held at start: the metadata snapshot and each queue's live messages."""
+    """What a store held at start: the metadata (as node/broker/broker.py restores it, None if
+    there was none) and each queue's live messages."""
 
     def __init__(self):
-        self.meta: bytes | None = None
+        self.meta: dict | None = None
+        self.meta_replayed = 0          # metadata changes replayed from the log after the snapshot
         self.queues: dict[int, list[int]] = defaultdict(list)   # queue id -> live msg ids, in order
         self.messages = 0
         self.torn_tail: tuple[int, int] | None = None
@@ -103,7 +106,8 @@ class MessageStore:
     def __init__(self, data_dir: Path, node: str = "", segment_size: int = SEGMENT_SIZE,
                  skip_corrupt: bool = False):
         self.directory = Path(data_dir) / "msgs"
-        self.meta_path = Path(data_dir) / "meta.bin"
+        self.data_dir = Path(data_dir)
+        self.node = node
         self.segment_size = segment_size
         self.skip_corrupt = skip_corrupt
         self.log = structlog.get_logger("haremq.store").bind(node=node)
@@ -125,7 +129,9 @@ class MessageStore:
         self.sync_histogram = [0] * (len(SYNC_BUCKETS) + 1)
         self._pending: list[list] = []          # [[segment, offset, [chunks], size]]
         self._pending_waiters: list = []
-        self._pending_meta: Callable[[], bytes] | None = None
+        self._pending_meta: list[bytes] = []     # framed metadata change records
+        self._meta_recovery: meta_log.Recovery | None = None
+        self._snapshots: meta_log.Snapshotter | None = None
         self._pending_remove: list[int] = []
         self._inflight: list | None = None       # waiters of the batch being written
         self._retry: Batch | None = None
@@ -152,8 +158,13 @@ class MessageStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         recovered = self._recover()
         self._loop = asyncio.get_running_loop()
-        self._writer = SegmentWriter(self.directory, self.segment_size, self.meta_path,
+        found = self._meta_recovery
+        self._snapshots = meta_log.Snapshotter(self.data_dir, found, self.node)
+        metadata = meta_log.MetaLog(self.data_dir, found.number, found.size, self._snapshots)
+        self._meta_recovery = None
+        self._writer = SegmentWriter(self.directory, self.segment_size, metadata,
                                      self._batch_done, self._loop, self._batch_written)
+        self._snapshots.start()
         self._writer.start(self.segment, self.position)
         self.tasks.spawn(self._compact_periodically())
         return recovered
@@ -164,11 +175,12 @@ class MessageStore:
         self._closed = True
         await self.tasks.close()
         deadline = time.monotonic() + 10
-        while (self._inflight is not None or self._pending or self._pending_meta is not None) \
+        while (self._inflight is not None or self._pending or self._pending_meta) \
                 and time.monotonic() < deadline:
             self._kick()
             await asyncio.sleep(0.005)
         await asyncio.to_thread(self._writer.stop)
+        await asyncio.to_thread(self._snapshots.stop)
         self.log.info("store closed", **{k: round(v, 3) if isinstance(v, float) else v
                                           for k, v in self.stats.items()})
         for fd in self._read_fds.values():
@@ -263,15 +275,19 @@ class MessageStore:
         for queue_id, cache in list(self.id_caches.items()):
             self.save_ids(queue_id, cache.entries(), True)
 
-    def save_meta(self, build: Callable[[], bytes]) -> None:
-        """Replace the metadata snapshot, in order with the records around it.
-
-        `build` runs when the batch is handed to the writer, so many changes in
-        one loop iteration cost one snapshot.
-        """
-        self._pending_meta = build
+    def log_meta(self, change: bytes) -> None:
+        """Log one metadata change (meta.record), in order with the records around it: the
+        writer appends it to the metadata log with the batch. Its cost does not depend on how
+        much metadata there is; snapshots are taken off the loop (node/store/meta.py)."""
+        self._pending_meta.append(meta_log.frame(change))
         if self._kick_handle is None and self._inflight is None:
             self._kick_handle = self._loop.call_soon(self._kick)
+
+    @property
+    def meta_stats(self) -> dict:
+        snapshots = self._snapshots
+        return {"snapshots": snapshots.snapshots if snapshots else 0,
+                "covered": snapshots.covered if snapshots else 0}
 
     @property
     def prepared(self) -> bool:
@@ -281,19 +297,19 @@ class MessageStore:
 
     @property
     def meta_pending(self) -> bool:
-        return self._pending_meta is not None
+        return bool(self._pending_meta)
 
     def when_durable_meanwhile(self, fn: Callable, *args) -> None:
         """As when_durable, for a caller that also waits on something slower (a mirrored
         publish waits for its mirrors): the sync must not hold the loop, which has the
         mirrors' copies to send, so this batch goes to the writer thread."""
-        if self._pending or self._pending_meta is not None:
+        if self._pending or self._pending_meta:
             self._pending_overlaps = True
         self.when_durable(fn, *args)
 
     def when_durable(self, fn: Callable, *args) -> None:
         """Call fn(ok, *args) once everything appended so far is on disk (ok=False if it failed)."""
-        if self._pending or self._pending_meta is not None:
+        if self._pending or self._pending_meta:
             self._pending_waiters.append((fn, args))
         elif self._inflight is not None:
             self._inflight.append((fn, args))
@@ -305,7 +321,7 @@ class MessageStore:
         self._kick_handle = None
         if self._inflight is not None or self._writer is None:
             return
-        if not self._pending and self._pending_meta is None and not self._pending_remove \
+        if not self._pending and not self._pending_meta and not self._pending_remove \
                 and self._retry is None:
             if self._pending_waiters:
                 waiters, self._pending_waiters = self._pending_waiters, []
@@ -313,13 +329,14 @@ class MessageStore:
                     fn(self.failed is None, *args)
             return
         writes = [(seg, off, b"".join(chunks)) for seg, off, chunks, _size in self._pending]
-        meta = self._pending_meta() if self._pending_meta is not None else None
+        meta = b"".join(self._pending_meta) if self._pending_meta else None
         remove = self._pending_remove
         retry = self._retry
         if retry is not None:   # a failed batch is written again, before what came after it
             self._retry = None
             writes = retry.writes + writes
-            meta = meta if meta is not None else retry.meta
+            if retry.meta is not None:   # its changes first, then the new ones
+                meta = retry.meta + meta if meta is not None else retry.meta
             remove = retry.remove + remove
         batch = Batch(writes=writes, meta=meta, remove=remove, end=(self.segment, self.position),
                       notify_written=bool(self._written_waiters))
@@ -329,7 +346,7 @@ class MessageStore:
         self._pending_overlaps = False
         self._pending = []
         self._pending_waiters = []
-        self._pending_meta = None
+        self._pending_meta = []
         self._pending_remove = []
         if inline and self._writer.apply_here(batch):
             self.stats["synced_on_loop"] += 1
@@ -380,7 +397,7 @@ class MessageStore:
         if waiters and self.after_batch is not None:
             self.after_batch()
         self._remove_dead_segments()
-        if ok and (self._pending or self._pending_meta is not None or self._pending_remove
+        if ok and (self._pending or self._pending_meta or self._pending_remove
                    or self._pending_waiters):
             if not inline:
                 self._kick()
@@ -507,8 +524,15 @@ class MessageStore:
     # ---- recovery -------------------------------------------------------------------------------
     def _recover(self) -> Recovered:
         recovered = Recovered()
-        if self.meta_path.exists():
-            recovered.meta = self.meta_path.read_bytes()
+        try:
+            found = meta_log.recover(self.data_dir, self.skip_corrupt, self.log)
+        except meta_log.MetaError as exc:
+            raise StoreError(str(exc)) from None
+        self._meta_recovery = found
+        if found.found:
+            recovered.meta = found.state.as_snapshot()
+            recovered.meta_replayed = found.replayed
+            self.log.info("metadata recovered", snapshot_covers=found.covered, replayed=found.replayed)
         segments = sorted(int(p.stem) for p in self.directory.glob("*.seg") if p.stem.isdigit())
         while segments and self._holds_no_record(segment_path(self.directory, segments[-1])):
             segment_path(self.directory, segments.pop()).unlink()   # a spare made ahead of time

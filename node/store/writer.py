@@ -1,9 +1,9 @@
 """The store's writer thread: the only place that writes, syncs or removes files.
 
 The event loop hands it batches; it writes each batch (records at the
-offsets the loop assigned, an optional metadata snapshot, segments to
-remove), makes it durable with one fdatasync per touched segment, and
-reports back on the loop. A lone small batch may instead be applied on
+offsets the loop assigned, metadata changes to append to the metadata log,
+segments to remove), makes it durable with one fdatasync per touched file,
+and reports back on the loop. A lone small batch may instead be applied on
 the loop's own thread (`apply_here`) when the writer is idle: one
 publisher waiting for each confirm then pays for the disk only, not for
 two thread hand-offs. A lock keeps the two from writing at once (the idle
@@ -26,7 +26,7 @@ from typing import Callable
 @dataclass
 class Batch:
     writes: list = field(default_factory=list)      # [(segment, offset, bytes)]
-    meta: bytes | None = None
+    meta: bytes | None = None                        # framed metadata changes (node/store/meta.py)
     remove: list = field(default_factory=list)      # segments to delete
     end: tuple = (0, 0)                              # log position after the last write
     notify_written: bool = False                     # someone waits for "in the OS", before the sync
@@ -40,11 +40,11 @@ def segment_path(directory: Path, segment: int) -> Path:
 
 
 class SegmentWriter:
-    def __init__(self, directory: Path, segment_size: int, meta_path: Path,
+    def __init__(self, directory: Path, segment_size: int, meta_log,
                  done: Callable[[Batch], None], loop, written: Callable[[tuple], None] | None = None):
         self.directory = directory
         self.segment_size = segment_size
-        self.meta_path = meta_path
+        self.meta_log = meta_log            # node/store/meta.py MetaLog: appended to here only
         self._done = done
         self._written = written
         self._loop = loop
@@ -98,6 +98,7 @@ class SegmentWriter:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self.meta_log.close()
         if self._spare is not None:
             os.close(self._spare[1])
             try:   # an unused spare is only zeros: leave no empty segment behind
@@ -146,18 +147,7 @@ class SegmentWriter:
             os.fdatasync(self._fds[segment])
             batch.fsyncs += 1
         if batch.meta is not None:
-            tmp = self.meta_path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                view = memoryview(batch.meta)
-                while view:              # a write may take less than it was given
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.meta_path)
-            self._sync_directory(self.meta_path.parent)
-            batch.fsyncs += 2
+            batch.fsyncs += self.meta_log.append(batch.meta)
         for segment in batch.remove:
             fd = self._fds.pop(segment, None)
             if fd is not None:
