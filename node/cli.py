@@ -22,6 +22,8 @@ import gc
 import signal
 import sys
 
+import structlog
+
 from . import logs, settings
 from .app import ClusterSide, Node, NodeConfig, NodeError
 from .version import __version__
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         if v["cluster_port"] is not None:
             from haremq.cluster import secret, transport
             try:
-                cluster_secret = secret.resolve(v["cluster_secret_file"])
+                cluster_secret = secret.resolve(v["cluster_secret_file"], allow_empty=True)
             except (OSError, ValueError) as exc:
                 print(f"haremq: cannot read the cluster secret: {exc}", file=sys.stderr)
                 return 1
@@ -143,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, ValueError) as exc:
                 print(f"haremq: cluster TLS: {exc}", file=sys.stderr)
                 return 1
+            refusal, warning = secret.check(cluster_secret, cluster_tls is not None, v["insecure_cluster"], v["bind"])
+            if refusal:
+                print(f"haremq: {refusal}", file=sys.stderr)
+                return 2
+            if warning:
+                structlog.get_logger("haremq.cluster").warning(warning, node=v["name"])
         config = NodeConfig(name=v["name"], data_dir=v["data_dir"], amqp_port=v["amqp_port"], bind=v["bind"],
                             skip_corrupt=v["skip_corrupt"], segment_size=v["segment_size"],
                             cluster_port=v["cluster_port"], peers=_peers(v), cluster_secret=cluster_secret,

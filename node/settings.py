@@ -142,6 +142,8 @@ NODE_SETTINGS = [
     Setting("cluster_tls_cert", path, None, "this member's certificate (PEM) for mutual TLS on the cluster port"),
     Setting("cluster_tls_key", path, None, "its private key (PEM)"),
     Setting("cluster_tls_ca", path, None, "the CA that signs every member's (and operator's) certificate"),
+    Setting("insecure_cluster", boolean, False, "start a cluster with the public example secret or with none "
+            "(tests, a trial on one machine); otherwise such a node refuses to start"),
     Setting("failure_timeout", seconds, 3.0, "seconds without an answer before a member counts as down"),
     Setting("default_user", text, None, "create this user (all permissions on /) at first start"),
     Setting("default_pass", text, None, "its password"),
