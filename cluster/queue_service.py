@@ -21,7 +21,7 @@ from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
 from .codec import message_from_pb, message_to_pb
-from .remote_queue import DISCARD, MOVED, REQUEUE
+from .remote_queue import DISCARD, MAX_BATCH, MOVED, REQUEUE
 from .rpc import cluster_pb2 as pb
 
 MAX_PENDING_EVENTS = 2000
@@ -37,6 +37,8 @@ class LinkChannel:
         self.consumers: dict[str, Consumer] = {}
         self.closed = False
         self.starved = False
+        self._confirms = None      # the newest confirm event not yet sent, and the newest event
+        self._last = None
 
     # the interface a Queue uses towards a channel
     def can_deliver(self) -> bool:
@@ -67,11 +69,16 @@ class LinkChannel:
         return delivery_id
 
     def _emit(self, event) -> None:
+        self._last = None
         self.events.put_nowait(event)
 
     # calls from the client node
     def handle(self, call) -> None:
         kind = call.WhichOneof("call")
+        if kind == "batch":
+            for one in call.batch.calls:
+                self.handle(one)
+            return
         queue = self.queue
         if queue.deleted or self.closed:    # deposed or deleted meanwhile, or the link ended:
             # nothing more is confirmed here
@@ -145,7 +152,15 @@ class LinkChannel:
             self.queue.dispatch()
 
     def _confirm(self, seq: int, ok: bool) -> None:
-        self._emit(pb.QueueEvent(confirm=pb.QueueEvent.Confirm(seqs=[seq], ok=ok)))
+        """Confirms that come together go as one event (a group commit settles many at once)."""
+        pending = self._confirms
+        if pending is not None and pending.ok == ok and self.events.qsize() and self._last is pending:
+            pending.seqs.append(seq)
+            return
+        event = pb.QueueEvent(confirm=pb.QueueEvent.Confirm(seqs=[seq], ok=ok))
+        self._emit(event)
+        self._confirms = event.confirm
+        self._last = event.confirm
 
     def _durable(self, ok: bool, seq: int) -> None:
         if not self.closed:
@@ -249,7 +264,18 @@ async def serve_link(broker, request_iterator, context, links: Links | None = No
             event = await events.get()
             if event is None:
                 break
-            yield event
+            if not events.empty():      # what piled up meanwhile goes as one message
+                batch = [event]
+                while not events.empty() and len(batch) < MAX_BATCH:
+                    event = events.get_nowait()
+                    if event is None:
+                        break
+                    batch.append(event)
+                yield pb.QueueEvent(batch=pb.QueueEvent.Batch(events=batch))
+                if event is None:
+                    break
+            else:
+                yield event
             if link.starved and events.qsize() < MAX_PENDING_EVENTS // 2:
                 link.starved = False
                 queue.dispatch()

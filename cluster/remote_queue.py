@@ -29,6 +29,7 @@ MOVED = 0       # QueueEvent.Error code: the queue's master is elsewhere now (a 
 PARK_TIMEOUT = 10.0   # how long a call on a mirrored queue waits for a new master
 HELD_MAX = 100_000    # publishes held per queue while its master fails over; beyond, nacked
 BLIP = 1.0            # a home seen up again this long after its stream broke did not die
+MAX_BATCH = 1000      # calls (or events) sent as one message on a link's stream, at most
 ACKED_KEYS = 20_000   # keys a node remembers its clients acked, to know a failover's redeliveries
 
 
@@ -72,11 +73,29 @@ class QueueLink:
         self._reader = queue.tasks.spawn(self._read())    # ends with the call; the node's group awaits it
 
     async def _requests(self):
+        """The calls, in order; whatever piled up while the previous message was on the wire
+        goes as one batch (grpc.aio's cost is per message, so a busy publisher pays it once per
+        batch, not once per publish)."""
+        calls = self.calls
+        first = await calls.get()       # the open, alone: the home reads it before anything else
+        if first is None:
+            return
+        yield first
         while True:
-            call = await self.calls.get()
+            call = await calls.get()
             if call is None:
                 return
-            yield call
+            if calls.empty():
+                yield call
+                continue
+            batch = [call]
+            while not calls.empty() and len(batch) < MAX_BATCH:
+                call = calls.get_nowait()
+                if call is None:
+                    yield pb.QueueCall(batch=pb.QueueCall.Batch(calls=batch))
+                    return
+                batch.append(call)
+            yield pb.QueueCall(batch=pb.QueueCall.Batch(calls=batch))
 
     def send(self, call: pb.QueueCall) -> None:
         if not self.closed:
@@ -88,57 +107,12 @@ class QueueLink:
             async for event in self._call:
                 if self.abandoned:      # a late answer of a link given up (its master moved or died)
                     return
-                kind = event.WhichOneof("event")
-                if kind == "confirm":
-                    for seq in event.confirm.seqs:
-                        self.unconfirmed.pop(seq, None)
-                    channel.remote_settled(event.confirm.seqs, event.confirm.ok)
-                elif kind == "delivery":
-                    d = event.delivery
-                    self.queue.remote_count = d.message_count
-                    if d.tag and d.key and self.queue.seen_before(self, d):
-                        continue
-                    entry = RemoteEntry(message_from_pb(d.message), d.id, d.redelivered)
-                    entry.link = self
-                    entry.key = d.key
-                    if d.tag:
-                        consumer = self.consumers.get(d.tag)
-                        if consumer is not None and consumer.no_ack:
-                            self.queue.note_acked(d.key, self.epoch, entry.message)
-                        elif consumer is not None and not channel.closed:
-                            self.delivered[d.id] = entry
-                        if consumer is not None and not channel.closed:
-                            channel.deliver_from_home(consumer, entry)
-                            channel.session.wakeup()
-                        else:   # cancelled meanwhile: give it back
-                            self.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=[d.id], mode=REQUEUE)))
-                    elif self.gets:
-                        no_ack, answer = self.gets.popleft()
-                        if no_ack:
-                            self.queue.note_acked(d.key, self.epoch, entry.message)
-                        else:
-                            self.delivered[d.id] = entry
-                        answer(entry, d.message_count)
-                elif kind == "consume_ok":
-                    consumed = self.consumed.pop(event.consume_ok.tag, None)
-                    if consumed is not None:
-                        consumed()
-                elif kind == "empty":
-                    if self.gets:
-                        self.gets.popleft()[1](None, 0)
-                elif kind == "cancelled":
-                    consumer = self.consumers.pop(event.cancelled.tag, None)
-                    if consumer is not None:
-                        self.queue.consumers_remove(consumer)
-                        channel.consumer_cancelled_by_broker(consumer)
-                        channel.session.wakeup()
-                elif kind == "error" and event.error.code == MOVED:
-                    if not self.closed and not channel.closed:
-                        self._lost()
+                if event.WhichOneof("event") == "batch":
+                    for one in event.batch.events:
+                        if self._event(one) or self.abandoned:
+                            return
+                elif self._event(event):
                     return
-                elif kind == "error":
-                    err = AMQPError(ReplyCode(event.error.code), event.error.text.split(" - ", 1)[-1])
-                    channel.session.fail_channel(channel.id, err)
         except grpc.aio.AioRpcError as exc:
             if not self.closed and not channel.closed and not self.abandoned:
                 structlog.get_logger("haremq.cluster").warning(
@@ -148,6 +122,62 @@ class QueueLink:
         finally:
             self.closed = True
             self._answer_gets()
+
+    def _event(self, event) -> bool:
+        """One event from the home node; True when the link is done with (the queue moved)."""
+        channel = self.channel
+        kind = event.WhichOneof("event")
+        if kind == "confirm":
+            for seq in event.confirm.seqs:
+                self.unconfirmed.pop(seq, None)
+            channel.remote_settled(event.confirm.seqs, event.confirm.ok)
+        elif kind == "delivery":
+            d = event.delivery
+            self.queue.remote_count = d.message_count
+            if d.tag and d.key and self.queue.seen_before(self, d):
+                return False
+            entry = RemoteEntry(message_from_pb(d.message), d.id, d.redelivered)
+            entry.link = self
+            entry.key = d.key
+            if d.tag:
+                consumer = self.consumers.get(d.tag)
+                if consumer is not None and consumer.no_ack:
+                    self.queue.note_acked(d.key, self.epoch, entry.message)
+                elif consumer is not None and not channel.closed:
+                    self.delivered[d.id] = entry
+                if consumer is not None and not channel.closed:
+                    channel.deliver_from_home(consumer, entry)
+                    channel.session.wakeup()
+                else:   # cancelled meanwhile: give it back
+                    self.send(pb.QueueCall(settle=pb.QueueCall.Settle(ids=[d.id], mode=REQUEUE)))
+            elif self.gets:
+                no_ack, answer = self.gets.popleft()
+                if no_ack:
+                    self.queue.note_acked(d.key, self.epoch, entry.message)
+                else:
+                    self.delivered[d.id] = entry
+                answer(entry, d.message_count)
+        elif kind == "consume_ok":
+            consumed = self.consumed.pop(event.consume_ok.tag, None)
+            if consumed is not None:
+                consumed()
+        elif kind == "empty":
+            if self.gets:
+                self.gets.popleft()[1](None, 0)
+        elif kind == "cancelled":
+            consumer = self.consumers.pop(event.cancelled.tag, None)
+            if consumer is not None:
+                self.queue.consumers_remove(consumer)
+                channel.consumer_cancelled_by_broker(consumer)
+                channel.session.wakeup()
+        elif kind == "error" and event.error.code == MOVED:
+            if not self.closed and not channel.closed:
+                self._lost()
+            return True
+        elif kind == "error":
+            err = AMQPError(ReplyCode(event.error.code), event.error.text.split(" - ", 1)[-1])
+            channel.session.fail_channel(channel.id, err)
+        return False
 
     def _lost(self) -> None:
         """The home node went away: the channel stays open. For a mirrored queue, unconfirmed

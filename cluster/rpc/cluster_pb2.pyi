@@ -145,7 +145,12 @@ class Message(_message.Message):
     def __init__(self, exchange: _Optional[str] = ..., routing_key: _Optional[str] = ..., properties: _Optional[bytes] = ..., body: _Optional[bytes] = ..., publish_id: _Optional[int] = ...) -> None: ...
 
 class QueueCall(_message.Message):
-    __slots__ = ("open", "publish", "get", "consume", "cancel", "settle", "prefetch")
+    __slots__ = ("open", "publish", "get", "consume", "cancel", "settle", "prefetch", "batch")
+    class Batch(_message.Message):
+        __slots__ = ("calls",)
+        CALLS_FIELD_NUMBER: _ClassVar[int]
+        calls: _containers.RepeatedCompositeFieldContainer[QueueCall]
+        def __init__(self, calls: _Optional[_Iterable[_Union[QueueCall, _Mapping]]] = ...) -> None: ...
     class Open(_message.Message):
         __slots__ = ("vhost", "queue", "owner", "epoch")
         VHOST_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +213,7 @@ class QueueCall(_message.Message):
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     SETTLE_FIELD_NUMBER: _ClassVar[int]
     PREFETCH_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     open: QueueCall.Open
     publish: QueueCall.Publish
     get: QueueCall.Get
@@ -215,10 +221,16 @@ class QueueCall(_message.Message):
     cancel: QueueCall.Cancel
     settle: QueueCall.Settle
     prefetch: QueueCall.Prefetch
-    def __init__(self, open: _Optional[_Union[QueueCall.Open, _Mapping]] = ..., publish: _Optional[_Union[QueueCall.Publish, _Mapping]] = ..., get: _Optional[_Union[QueueCall.Get, _Mapping]] = ..., consume: _Optional[_Union[QueueCall.Consume, _Mapping]] = ..., cancel: _Optional[_Union[QueueCall.Cancel, _Mapping]] = ..., settle: _Optional[_Union[QueueCall.Settle, _Mapping]] = ..., prefetch: _Optional[_Union[QueueCall.Prefetch, _Mapping]] = ...) -> None: ...
+    batch: QueueCall.Batch
+    def __init__(self, open: _Optional[_Union[QueueCall.Open, _Mapping]] = ..., publish: _Optional[_Union[QueueCall.Publish, _Mapping]] = ..., get: _Optional[_Union[QueueCall.Get, _Mapping]] = ..., consume: _Optional[_Union[QueueCall.Consume, _Mapping]] = ..., cancel: _Optional[_Union[QueueCall.Cancel, _Mapping]] = ..., settle: _Optional[_Union[QueueCall.Settle, _Mapping]] = ..., prefetch: _Optional[_Union[QueueCall.Prefetch, _Mapping]] = ..., batch: _Optional[_Union[QueueCall.Batch, _Mapping]] = ...) -> None: ...
 
 class QueueEvent(_message.Message):
-    __slots__ = ("opened", "confirm", "delivery", "empty", "cancelled", "error", "consume_ok")
+    __slots__ = ("opened", "confirm", "delivery", "empty", "cancelled", "error", "consume_ok", "batch")
+    class Batch(_message.Message):
+        __slots__ = ("events",)
+        EVENTS_FIELD_NUMBER: _ClassVar[int]
+        events: _containers.RepeatedCompositeFieldContainer[QueueEvent]
+        def __init__(self, events: _Optional[_Iterable[_Union[QueueEvent, _Mapping]]] = ...) -> None: ...
     class Opened(_message.Message):
         __slots__ = ("message_count", "consumer_count")
         MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +287,7 @@ class QueueEvent(_message.Message):
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CONSUME_OK_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     opened: QueueEvent.Opened
     confirm: QueueEvent.Confirm
     delivery: QueueEvent.Delivery
@@ -282,7 +295,8 @@ class QueueEvent(_message.Message):
     cancelled: QueueEvent.Cancelled
     error: QueueEvent.Error
     consume_ok: QueueEvent.ConsumeOk
-    def __init__(self, opened: _Optional[_Union[QueueEvent.Opened, _Mapping]] = ..., confirm: _Optional[_Union[QueueEvent.Confirm, _Mapping]] = ..., delivery: _Optional[_Union[QueueEvent.Delivery, _Mapping]] = ..., empty: _Optional[_Union[QueueEvent.Empty, _Mapping]] = ..., cancelled: _Optional[_Union[QueueEvent.Cancelled, _Mapping]] = ..., error: _Optional[_Union[QueueEvent.Error, _Mapping]] = ..., consume_ok: _Optional[_Union[QueueEvent.ConsumeOk, _Mapping]] = ...) -> None: ...
+    batch: QueueEvent.Batch
+    def __init__(self, opened: _Optional[_Union[QueueEvent.Opened, _Mapping]] = ..., confirm: _Optional[_Union[QueueEvent.Confirm, _Mapping]] = ..., delivery: _Optional[_Union[QueueEvent.Delivery, _Mapping]] = ..., empty: _Optional[_Union[QueueEvent.Empty, _Mapping]] = ..., cancelled: _Optional[_Union[QueueEvent.Cancelled, _Mapping]] = ..., error: _Optional[_Union[QueueEvent.Error, _Mapping]] = ..., consume_ok: _Optional[_Union[QueueEvent.ConsumeOk, _Mapping]] = ..., batch: _Optional[_Union[QueueEvent.Batch, _Mapping]] = ...) -> None: ...
 
 class ControlRequest(_message.Message):
     __slots__ = ("command", "arguments")
