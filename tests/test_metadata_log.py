@@ -324,3 +324,25 @@ def test_a_data_directory_written_before_the_log_loads(tmp_path):
         assert ch.queue_declare("new.q", passive=True).method.message_count == 0
         assert "old.empty" in node.broker.vhosts["/"].queues
 
+
+def test_exclusive_queues_are_not_written(tmp_path):
+    # as RabbitMQ keeps them in RAM tables: they die with their connection, so nothing is logged,
+    # and their declare-ok waits for no write
+    with InProcessNode(tmp_path) as node:
+        store = node.node.store
+        ch = pika_conn(node).channel()
+        ch.exchange_declare("ex.x", "direct", durable=True)
+        size = sum(meta.log_path(store.data_dir, n).stat().st_size for n in meta.log_numbers(store.data_dir))
+        name = ch.queue_declare("", durable=True, exclusive=True).method.queue
+        ch.queue_bind(name, "ex.x", "rk")
+        ch.queue_bind(name, "amq.topic", "#")
+        ch.queue_declare("ex.named", durable=True, exclusive=True)
+        ch.queue_bind("ex.named", "ex.x", "rk")
+        ch.queue_delete("ex.named")
+        assert node.call(lambda: store.meta_pending) is False
+        after = sum(meta.log_path(store.data_dir, n).stat().st_size for n in meta.log_numbers(store.data_dir))
+        assert after == size
+        ch.queue_declare("ex.durable", durable=True)     # what is written, for contrast
+        ch.connection.close()
+    text = b"".join(meta.log_path(tmp_path / "data", n).read_bytes() for n in meta.log_numbers(tmp_path / "data"))
+    assert name.encode() not in text and b"ex.named" not in text and b"ex.durable" in text
