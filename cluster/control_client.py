@@ -7,6 +7,7 @@ and sees only its answer and built-in exceptions, so it never imports the cluste
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import grpc
@@ -26,8 +27,12 @@ class ControlClient:
     @classmethod
     def load(cls, secret_file: Path | None, tls_cert: Path | None, tls_key: Path | None,
              tls_ca: Path | None) -> "ControlClient":
-        """From the operator's files (the secret's default lookup when none is named);
-        OSError or ValueError when one cannot be read."""
+        """From the operator's files (the secret's default lookup when none is named; the
+        certificate, key and CA from HAREMQ_CLUSTER_TLS_CERT, _KEY and _CA, as a node reads
+        them, when none is named); OSError or ValueError when one cannot be read."""
+        if not (tls_cert or tls_key or tls_ca):
+            tls_cert, tls_key, tls_ca = (os.environ.get(f"HAREMQ_CLUSTER_TLS_{part}") or None
+                                         for part in ("CERT", "KEY", "CA"))
         tls = transport.TLSFiles.load(tls_cert, tls_key, tls_ca)
         return cls(cluster_secret.resolve(secret_file), tls)
 

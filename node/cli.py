@@ -4,6 +4,7 @@
     haremq cluster up ...  run a local cluster of nodes in the foreground
     haremq ctl ...         control a running node or cluster (node/ctl.py)
     haremq health ...      exit 0 when a node accepts connections (probes)
+    haremq certs ...       make the cluster's TLS certificates and secret, once (cluster/certs.py)
     haremq perf ...        PerfTest-style load tool (bench/perf.py)
 
 Every `haremq node` setting is a flag, an environment variable HAREMQ_<SETTING>
@@ -48,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("ctl", help="control a running node (haremq ctl --help)", add_help=False)
     sub.add_parser("cluster", help="run a local cluster (haremq cluster up --help)", add_help=False)
     sub.add_parser("health", help="exit 0 when a node accepts connections", add_help=False)
+    sub.add_parser("certs", help="make the cluster's TLS certificates and secret (haremq certs --help)",
+                   add_help=False)
     return parser
 
 
@@ -124,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["health"]:
         from .health import main as health_main
         return health_main(argv[1:])
+    if argv[:1] == ["certs"]:
+        from haremq.cluster.certs import main as certs_main
+        return certs_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "node":
         try:

@@ -150,3 +150,54 @@ def test_pre_stop_command_runs_against_a_node(tmp_path):
             pika.BlockingConnection(pika.ConnectionParameters(m.host, m.port, connection_attempts=1))
     finally:
         m.stop()
+
+
+@needs_helm
+def test_the_charts_generated_cluster_tls_runs_a_cluster(tmp_path):
+    """The CA and member certificate the chart generates, as the pods get them: three members
+    form a cluster over mutual TLS with them (dialling each other by a name the certificate
+    holds), `haremq ctl` with the pod's environment reaches it, and a caller without a
+    certificate does not."""
+    import base64
+    import os
+
+    from tests.test_deploy import _secret
+    manifests = docs(render())
+    tls = _secret(manifests, "t-haremq-cluster-tls")
+    tls_dir = tmp_path / "cluster-tls"
+    tls_dir.mkdir()
+    for key in ("ca.crt", "tls.crt", "tls.key"):
+        (tls_dir / key).write_bytes(base64.b64decode(tls["data"][key]))
+    container = _container(_statefulset(manifests))
+    argv = _node_argv(container, "t-haremq-0", "mq")
+    tls_args = []
+    for flag in ("--cluster-tls-cert", "--cluster-tls-key", "--cluster-tls-ca"):
+        tls_args += [flag, argv[argv.index(flag) + 1].replace("/etc/haremq/cluster-tls", str(tls_dir))]
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    ports = {n: free_port() for n in ("t-haremq-0", "t-haremq-1", "t-haremq-2")}
+
+    class PodMember(ClusterMember):
+        def argv(self):
+            return super().argv() + tls_args
+
+    members = [PodMember(n, tmp_path / n, ports[n], {o: f"localhost:{ports[o]}" for o in ports if o != n}, secret)
+               for n in ports]
+    pod_env = {e["name"]: e["value"].replace("/etc/haremq/cluster-tls", str(tls_dir)) for e in container["env"]
+               if "value" in e and e["name"].startswith("HAREMQ_CLUSTER_TLS")}
+    try:
+        launch(members)
+
+        def status(env):
+            return subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node",
+                                   f"127.0.0.1:{ports['t-haremq-1']}", "--cluster-secret-file", str(secret),
+                                   "--timeout", "5", "cluster-status", "--json"],
+                                  capture_output=True, text=True, timeout=60, env=env)
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("HAREMQ_CLUSTER_TLS")}
+        done = wait_until(lambda: (lambda r: r if r.returncode == 0 and all(
+            m["up"] for m in json.loads(r.stdout)["members"]) else None)(status(dict(clean, **pod_env))), 30)
+        assert len(json.loads(done.stdout)["members"]) == 3
+        assert status(clean).returncode == 69, "a caller without a certificate got through"
+    finally:
+        for m in members:
+            m.kill9()

@@ -115,3 +115,29 @@ def test_a_secret_file_of_several_lines_rotates_one_member_at_a_time(tmp_path):
         assert refused.returncode == 77, refused.stderr
     finally:
         member.stop()
+
+
+def test_the_local_dev_cluster_still_starts(tmp_path):
+    """`haremq cluster up` (what `make run` runs): three members on loopback with the user's own
+    random secret (~/.haremq/cluster-secret, made on first use), no TLS, and no warning about it."""
+    import random
+    import signal
+    base = random.Random().randrange(30000, 39000, 10)
+    proc = subprocess.Popen([sys.executable, "-m", "haremq.node.cli", "cluster", "up", "--nodes", "3",
+                             "--amqp-port", str(base), "--cluster-port", str(base + 5000),
+                             "--management-port", "0", "--prometheus-port", "0", "--data-dir", str(tmp_path / "d")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, HOME=str(tmp_path)), start_new_session=True)
+    try:
+        for i in range(3):
+            wait_until(lambda i=i: port_open(base + i) or proc.poll() is not None, 60)
+        assert proc.poll() is None, proc.communicate(timeout=10)[0]
+        done = subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{base + 5000}",
+                               "cluster-status", "--json"], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, HOME=str(tmp_path)))
+        assert done.returncode == 0, done.stderr
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+    assert "no TLS" not in out and "insecure" not in out, out
+    assert (tmp_path / ".haremq" / "cluster-secret").read_text().strip()

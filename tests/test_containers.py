@@ -27,7 +27,9 @@ from tests.test_deploy import COMPOSE, ROOT
 
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(1200)]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
-SECRET = ROOT / "deploy" / "cluster-secret.example"
+# the compose file's cluster-tls volume, copied out once the nodes are up: what `haremq ctl` on
+# this host needs to reach a cluster port (its secret and the operator's certificate)
+TLS: dict[str, Path] = {}
 BASE = "localhost/bookworm-python:latest"
 IMAGE = "localhost/haremq:test"
 NODES = ("hare1", "hare2", "hare3")
@@ -131,15 +133,24 @@ def _on_free_ports(tmp: Path) -> Path:
         service = spec["services"][node]
         service["ports"] = [f"127.0.0.1:{AMQP[node]}:5672", f"127.0.0.1:{CLUSTER[node]}:25672"]
         service["build"]["context"] = str(ROOT)
-    spec["secrets"]["cluster_secret"]["file"] = str(SECRET)
     out = tmp / "docker-compose.yml"
     out.write_text(yaml.safe_dump(spec, sort_keys=False))
     return out
 
 
+def _copy_cluster_tls(compose: list[str], env: dict, tmp: Path) -> None:
+    """The secret and the operator's certificate the `certs` step made in the volume."""
+    (tmp / "cluster-tls").mkdir(exist_ok=True)
+    for name in ("cluster-secret", "ca.pem", "operator.pem", "operator-key.pem"):
+        TLS[name] = tmp / "cluster-tls" / name
+        run(*compose, "cp", f"hare1:/etc/haremq/cluster/{name}", str(TLS[name]), env=env, timeout=60)
+
+
 def _ctl(*args, node="hare2", check=True):
     return run(sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{CLUSTER[node]}",
-               "--cluster-secret-file", str(SECRET), *args, timeout=60, check=check)
+               "--cluster-secret-file", str(TLS["cluster-secret"]), "--tls-cert", str(TLS["operator.pem"]),
+               "--tls-key", str(TLS["operator-key.pem"]), "--tls-ca", str(TLS["ca.pem"]),
+               *args, timeout=60, check=check)
 
 
 def test_compose_cluster_loses_no_confirmed_message_when_the_master_is_killed(engine, tmp_path):
@@ -157,6 +168,7 @@ def test_compose_cluster_loses_no_confirmed_message_when_the_master_is_killed(en
     compose = [COMPOSE, "-p", project, "-f", str(_on_free_ports(tmp_path))]
     try:
         run(*compose, "up", "-d", "--no-build", "hare1", "hare2", "hare3", env=env, timeout=300)
+        _copy_cluster_tls(compose, env, tmp_path)
         engine.health_timers(project)
         wait_until(lambda: _ctl("--formatter", "json", "cluster-status", check=False).stdout.count('"up": true') == 3,
                    timeout=120, interval=1.0, message="the compose cluster never had three members up")

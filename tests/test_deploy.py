@@ -39,6 +39,7 @@ DEPLOY = ROOT / "deploy"
 CHART = ROOT / "helm" / "haremq"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 NODES = ("hare1", "hare2", "hare3")
+CLUSTER_DIR = "/etc/haremq/cluster"      # the cluster-tls volume in the compose file's containers
 
 
 # --------------------------------------------------------------------------- tools
@@ -275,9 +276,17 @@ def test_compose_nodes_are_peers_by_service_name(compose_config):
         assert str(args.data_dir) == "/var/lib/haremq"
         peers = dict(args.peers)
         assert peers == {other: f"{other}:25672" for other in NODES if other != name}, peers
-        # the secret file the node reads is the compose secret
-        targets = {s.get("target") or f"/run/secrets/{s['source']}" for s in svc["secrets"]}
-        assert str(args.cluster_secret_file) in targets
+        # mutual TLS between the members, and the secret, from the volume the certs step fills
+        mounts = {v["target"]: v for v in svc["volumes"]}
+        tls = mounts[CLUSTER_DIR]
+        assert tls["type"] == "volume" and tls.get("read_only") is True, tls
+        certs = {v["target"]: v for v in services["certs"]["volumes"]}[CLUSTER_DIR]
+        assert tls["source"] == certs["source"]
+        assert args.cluster_secret_file == Path(f"{CLUSTER_DIR}/cluster-secret")
+        assert (args.cluster_tls_cert, args.cluster_tls_key, args.cluster_tls_ca) == (
+            Path(f"{CLUSTER_DIR}/{name}.pem"), Path(f"{CLUSTER_DIR}/{name}-key.pem"), Path(f"{CLUSTER_DIR}/ca.pem"))
+        assert not args.insecure_cluster
+        assert svc["depends_on"]["certs"]["condition"] == "service_completed_successfully"
         env = svc["environment"]
         assert env["HAREMQ_DEFAULT_USER"] and env["HAREMQ_DEFAULT_PASS"], "no default user: guest is loopback-only"
         volumes = [v for v in svc["volumes"] if v["target"] == "/var/lib/haremq"]
@@ -309,25 +318,82 @@ def test_compose_init_sets_the_ha_policy(compose_config):
     init = compose_config["services"]["init"]
     script = " ".join(init["command"])
     assert "set-policy ha-all '^ha\\.'" in script and '"ha-mode":"all"' in script
-    assert "--apply-to queues" in script and "/run/secrets/cluster_secret" in script
+    assert "--apply-to queues" in script
     for node in NODES:
         assert init["depends_on"][node]["condition"] == "service_healthy"
+    # `haremq ctl` there reads the secret and the operator's certificate from the environment
+    env = init["environment"]
+    assert env["HAREMQ_CLUSTER_SECRET_FILE"] == f"{CLUSTER_DIR}/cluster-secret"
+    assert env["HAREMQ_CLUSTER_TLS_CERT"] == f"{CLUSTER_DIR}/operator.pem"
+    assert {v["target"] for v in init["volumes"]} == {CLUSTER_DIR}
     from haremq.node import ctl
-    ctl.build_parser().parse_args(["--node", "hare1:25672", "--cluster-secret-file", "/run/secrets/cluster_secret",
+    ctl.build_parser().parse_args(["--node", "hare1:25672",
                                    "set-policy", "ha-all", "^ha\\.", '{"ha-mode":"all","ha-sync-mode":"automatic"}',
                                    "--apply-to", "queues"])
     assert init.get("restart", "no") == "no"
 
 
-def _local_argv(command: list[str], ports: dict, amqp: dict, data_dir: Path, secret: Path) -> list[str]:
-    """A compose node command as a local process: container hosts and ports become loopback ones."""
-    argv = list(command)
+def _run_certs_step(compose_config, directory: Path, secret_from: Path | None = None) -> subprocess.CompletedProcess:
+    """The compose file's `certs` service, run here: its command with the volume as `directory`
+    (and no --owner: we are not root in the container's sense)."""
+    argv = [a.replace(CLUSTER_DIR, str(directory)) for a in compose_config["services"]["certs"]["command"]]
+    i = argv.index("--owner")
+    del argv[i:i + 2]
+    if secret_from is not None:
+        argv[argv.index("--secret-from") + 1] = str(secret_from)
+    assert argv[0] == "certs"
+    return haremq(*argv)
+
+
+def test_compose_certs_step_makes_the_cluster_tls_once(compose_config, tmp_path):
+    """What the one-shot `certs` service does at first start: a CA, a certificate per member for
+    its service name (mutual TLS: server and client), the operator's, and a random secret (the
+    example is public, so it only means "make one"); a second start changes nothing."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    from haremq.cluster.secret import EXAMPLE_SECRET
+    certs = compose_config["services"]["certs"]
+    assert certs["user"] == "0:0" and certs.get("restart", "no") == "no"
+    assert [s["source"] for s in certs["secrets"]] == ["cluster_secret"]
+    command = certs["command"]
+    assert [command[i + 1] for i, a in enumerate(command) if a == "--node"] == list(NODES)
+    assert command[command.index("--owner") + 1] == "10001:10001"        # the image's haremq user
+    example = tmp_path / "example"
+    example.write_text(EXAMPLE_SECRET + "\n")
+    done = _run_certs_step(compose_config, tmp_path / "tls", example)
+    assert done.returncode == 0, done.stderr
+    files = {p.name: p for p in (tmp_path / "tls").iterdir()}
+    secret = files["cluster-secret"].read_text().strip()
+    assert secret and secret != EXAMPLE_SECRET and len(secret) >= 32
+    ca = x509.load_pem_x509_certificate(files["ca.pem"].read_bytes())
+    for name in (*NODES, "operator"):
+        cert = x509.load_pem_x509_certificate(files[f"{name}.pem"].read_bytes())
+        cert.verify_directly_issued_by(ca)
+        assert name in cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.DNSName)
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        assert ExtendedKeyUsageOID.CLIENT_AUTH in usages and ExtendedKeyUsageOID.SERVER_AUTH in usages
+        assert files[f"{name}-key.pem"].stat().st_mode & 0o077 == 0, "a key readable by others"
+    before = {n: p.read_bytes() for n, p in files.items()}
+    again = _run_certs_step(compose_config, tmp_path / "tls", example)
+    assert again.returncode == 0 and {p.name: p.read_bytes() for p in (tmp_path / "tls").iterdir()} == before
+    # a secret of one's own (CLUSTER_SECRET_FILE) replaces the generated one
+    own = tmp_path / "own"
+    own.write_text("my-own-cluster-secret\n")
+    assert _run_certs_step(compose_config, tmp_path / "tls", own).returncode == 0
+    assert (tmp_path / "tls" / "cluster-secret").read_text().strip() == "my-own-cluster-secret"
+
+
+def _local_argv(command: list[str], ports: dict, amqp: dict, data_dir: Path, tls_dir: Path) -> list[str]:
+    """A compose node command as a local process: container hosts and ports become loopback ones,
+    the cluster-tls volume a local directory."""
+    argv = [a.replace(CLUSTER_DIR, str(tls_dir)) for a in command]
     name = argv[argv.index("--name") + 1]
     argv[argv.index("--data-dir") + 1] = str(data_dir)
     argv[argv.index("--amqp-port") + 1] = str(amqp[name])
     argv[argv.index("--bind") + 1] = "127.0.0.1"
     argv[argv.index("--cluster-port") + 1] = str(ports[name])
-    argv[argv.index("--cluster-secret-file") + 1] = str(secret)
     from tests.conftest import free_port
     for flag in ("--management-port", "--prometheus-port"):   # three nodes on one host: ports of their own
         if flag in argv:
@@ -349,25 +415,29 @@ def test_compose_topology_as_local_processes_survives_killing_the_master(compose
     import pika
 
     from tests.conftest import free_port, haremq_command, port_open, wait_until
-    secret = tmp_path / "cluster_secret"
-    secret.write_text((DEPLOY / "cluster-secret.example").read_text())
+    tls_dir = tmp_path / "cluster-tls"
+    done = _run_certs_step(compose_config, tls_dir, DEPLOY / "cluster-secret.example")
+    assert done.returncode == 0, done.stderr
     ports = {n: free_port() for n in NODES}
     amqp = {n: free_port() for n in NODES}
     procs = {}
 
     def start(name):
         service = compose_config["services"][name]
-        env = dict(os.environ, **{k: str(v) for k, v in service["environment"].items()})
-        env["HAREMQ_CLUSTER_SECRET_FILE"] = str(secret)
-        argv = _local_argv(service["command"], ports, amqp, tmp_path / name, secret)
+        env = dict(os.environ, **{k: str(v).replace(CLUSTER_DIR, str(tls_dir))
+                                  for k, v in service["environment"].items()})
+        argv = _local_argv(service["command"], ports, amqp, tmp_path / name, tls_dir)
         log = open(tmp_path / f"{name}.log", "ab")
         procs[name] = subprocess.Popen([*haremq_command(), *argv], env=env, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True, cwd=str(ROOT))
 
+    # `haremq ctl` as in a container: the secret and the operator's certificate from the environment
+    ctl_env = dict(os.environ, **{k: str(v).replace(CLUSTER_DIR, str(tls_dir)) for k, v in
+                                  compose_config["services"]["init"]["environment"].items()})
+
     def ctl(name, *args):
-        return subprocess.run([*haremq_command(), "ctl", "--node", f"127.0.0.1:{ports[name]}",
-                               "--cluster-secret-file", str(secret), *args], capture_output=True, text=True,
-                              timeout=30, cwd=str(ROOT))
+        return subprocess.run([*haremq_command(), "ctl", "--node", f"127.0.0.1:{ports[name]}", *args],
+                              capture_output=True, text=True, timeout=30, cwd=str(ROOT), env=ctl_env)
 
     env = compose_config["services"]["hare1"]["environment"]
     user, password = env["HAREMQ_DEFAULT_USER"], env["HAREMQ_DEFAULT_PASS"]
@@ -384,6 +454,12 @@ def test_compose_topology_as_local_processes_survives_killing_the_master(compose
         policy = shlex.split(re.search(r"set-policy .*--apply-to queues", init).group(0))
         done = ctl("hare1", *policy)
         assert done.returncode == 0, done.stderr
+        # the cluster port speaks mutual TLS only: the right secret without a certificate gets nowhere
+        plain = subprocess.run([*haremq_command(), "ctl", "--node", f"127.0.0.1:{ports['hare1']}", "--timeout", "3",
+                                "--cluster-secret-file", str(tls_dir / "cluster-secret"), "cluster-status"],
+                               capture_output=True, text=True, timeout=30, cwd=str(ROOT),
+                               env={k: v for k, v in os.environ.items() if not k.startswith("HAREMQ_CLUSTER_TLS")})
+        assert plain.returncode == 69, (plain.returncode, plain.stderr)
         c = pika.BlockingConnection(pika.URLParameters(url("hare1")))
         c.channel().queue_declare("ha.deploy", durable=True)
         c.close()
@@ -560,7 +636,7 @@ def test_helm_default_render_shape():
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    (secret,) = by_kind(manifests, "Secret")
+    secret = _secret(manifests, "t-haremq-auth")
     for key in ("HAREMQ_DEFAULT_USER", "HAREMQ_DEFAULT_PASS"):
         assert env[key]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
         assert env[key]["valueFrom"]["secretKeyRef"]["key"] in secret["data"]
@@ -571,6 +647,51 @@ def test_helm_default_render_shape():
     assert ready[:2] == ["haremq", "health"]
     assert "tcpSocket" in container["livenessProbe"] or container["livenessProbe"]["exec"]["command"][:2] == [
         "haremq", "health"]
+
+
+def _secret(manifests, name: str) -> dict:
+    (secret,) = [s for s in by_kind(manifests, "Secret") if s["metadata"]["name"] == name]
+    return secret
+
+
+@needs_helm
+def test_helm_cluster_port_speaks_mutual_tls_by_default():
+    """A CA and a member certificate generated into a kubernetes.io/tls Secret (kept on uninstall),
+    mounted in every pod and the policy Job, given to the node (flags) and to `haremq ctl` there
+    (environment); the certificate names every pod as the others dial it."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+    manifests = docs(render())
+    tls = _secret(manifests, "t-haremq-cluster-tls")
+    assert tls["type"] == "kubernetes.io/tls" and tls["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    ca = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "*.t-haremq-headless.mq.svc.cluster.local" in sans.get_values_for_type(x509.DNSName)
+    assert "localhost" in sans.get_values_for_type(x509.DNSName)
+    assert [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usages and ExtendedKeyUsageOID.SERVER_AUTH in usages
+    sts = _statefulset(manifests)
+    container = _container(sts)
+    args = parse_node_args(_node_argv(container, "t-haremq-0", "mq"))
+    assert (str(args.cluster_tls_cert), str(args.cluster_tls_key), str(args.cluster_tls_ca)) == (
+        "/etc/haremq/cluster-tls/tls.crt", "/etc/haremq/cluster-tls/tls.key", "/etc/haremq/cluster-tls/ca.crt")
+    assert not args.insecure_cluster
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["cluster-tls"]["secret"]["secretName"] == "t-haremq-cluster-tls"
+    (job,) = by_kind(manifests, "Job")
+    for pod, c in ((sts["spec"]["template"]["spec"], container),
+                   (job["spec"]["template"]["spec"], job["spec"]["template"]["spec"]["containers"][0])):
+        assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["cluster-tls"] == "/etc/haremq/cluster-tls"
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["HAREMQ_CLUSTER_TLS_CERT"] == "/etc/haremq/cluster-tls/tls.crt"
+        assert env["HAREMQ_CLUSTER_TLS_CA"] == "/etc/haremq/cluster-tls/ca.crt"
+    # off: no Secret, no flags (the node then warns that the link is in clear)
+    off = docs(render(None, "--set", "clusterTls.enabled=false"))
+    assert [s["metadata"]["name"] for s in by_kind(off, "Secret")] == ["t-haremq-auth"]
+    assert "--cluster-tls-cert" not in _container(_statefulset(off))["args"]
 
 
 @needs_helm
@@ -659,9 +780,11 @@ def test_helm_value_sets_change_what_they_say():
     refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in _container(sts)["env"]
             if "secretKeyRef" in e.get("valueFrom", {})}
     assert refs == {"haremq-credentials"}
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["cluster-tls"]["secret"]["secretName"] == "haremq-cluster-tls"
 
     given = docs(render(CHART / "ci" / "given-credentials-values.yaml"))
-    (secret,) = by_kind(given, "Secret")
+    secret = _secret(given, "t-haremq-auth")
     assert base64.b64decode(secret["data"]["default-pass"]) == b"s3cret-pass"
     assert base64.b64decode(secret["data"]["default-user"]) == b"app"
     assert base64.b64decode(secret["data"]["cluster-secret"]) == b"a-long-random-cluster-secret-from-a-vault"

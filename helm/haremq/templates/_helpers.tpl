@@ -66,6 +66,14 @@ app.kubernetes.io/component: broker
 {{- end }}
 {{- end }}
 
+{{- define "haremq.clusterTlsSecretName" -}}
+{{- if .Values.clusterTls.existingSecret }}
+{{- .Values.clusterTls.existingSecret }}
+{{- else }}
+{{- include "haremq.fullname" . }}-cluster-tls
+{{- end }}
+{{- end }}
+
 {{/*
 A Secret value, base64: the one given in values, else the one already in the cluster (so a
 generated secret survives upgrades), else a new random one. Args: list given old-data key length.
