@@ -33,7 +33,7 @@ from . import amqp
 from .failover import free_port, port_open
 
 ROOT = Path(__file__).resolve().parent.parent
-SECRET = "backlog-bench-secret"
+SECRET = "backlog-bench-secret"  # noqa: S105 - the throw-away cluster this bench starts on loopback
 
 
 def rss_mb(pid: int) -> float:
@@ -69,7 +69,7 @@ class BenchNode:
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.data_dir.parent / f"{self.name}.log", "ab")
-        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,  # noqa: S603 - our node
                                      start_new_session=True)
 
     def wait(self, timeout: float = 60) -> None:
@@ -112,7 +112,7 @@ class Memory:
 
 
 def ctl(node: BenchNode, *args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{node.cluster[node.name]}",
+    return subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{node.cluster[node.name]}",  # noqa: S603 - our ctl
                            "--cluster-secret-file", str(node.data_dir.parent / "secret"), *args],
                           check=True, capture_output=True, cwd=ROOT, timeout=30, text=True).stdout
 

@@ -140,8 +140,8 @@ class ClusterNode:
         if self._announced and self.membership.has_majority:
             try:     # ha-promote-on-shutdown applies to the queues this node masters
                 await asyncio.wait_for(self.raft.propose(NodeStopping(self.name).to_json()), 1.0)
-            except Exception:  # noqa: BLE001 - shutting down regardless
-                pass
+            except Exception as exc:  # noqa: BLE001 - shutting down regardless
+                self.log.info("stopping without announcing it to the cluster", reason=repr(exc))
         await self.down_watch.stop()
         await self.mirroring.stop()
         await self.replies.stop()

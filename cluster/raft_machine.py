@@ -76,7 +76,7 @@ class RaftMachine:
         self.members = members
         self.persistent = persistent
         self.log = log
-        self.rng = rng or random.Random()
+        self.rng = rng or random.Random()  # noqa: S311 - election timeouts, not a secret
         self.role = "follower"
         self.leader: str | None = None
         self.commit_index = 0

@@ -21,7 +21,7 @@ import grpc
 
 METADATA_KEY = "x-haremq-secret"
 # deploy/cluster-secret.example: public, so never a secret (tests/test_cluster_secret.py checks the file)
-EXAMPLE_SECRET = "haremq-example-cluster-secret-change-me-0123456789abcdef"
+EXAMPLE_SECRET = "haremq-example-cluster-secret-change-me-0123456789abcdef"  # noqa: S105 - public, refused
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 

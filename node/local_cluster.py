@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
         for other in names:
             if other != name:
                 cmd += ["--peer", f"{other}={args.bind}:{ports[other][1]}"]
-        procs.append(subprocess.Popen(cmd, start_new_session=True))
+        procs.append(subprocess.Popen(cmd, start_new_session=True))  # noqa: S603 - this Python, our own flags
         web = f"  http://{args.bind}:{http[name][0]}/" if http[name][0] else ""
         metrics = f"  metrics :{http[name][1]}/metrics" if http[name][1] else ""
         print(f"{name}: amqp://guest:guest@{args.bind}:{amqp}/  cluster port {cport}{web}{metrics}  "
