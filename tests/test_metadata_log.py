@@ -222,6 +222,19 @@ def test_an_unbind_names_the_binding_whatever_the_order_of_its_arguments(tmp_pat
     assert [b["arguments"] for b in recovered.meta["vhosts"]["/"]["bindings"]] == [encode_table({"b": 2})]
 
 
+
+def test_a_deleted_vhost_goes_with_everything_in_it(tmp_path):
+    log_changes(tmp_path, [
+        meta.record({"op": "vhost", "vhost": "v"}),
+        queue_change("q", 1, vhost="v"),
+        meta.record({"op": "policies", "vhost": "v", "policies": []}),
+        meta.record({"op": "vhost.delete", "vhost": "v"}),
+        delete_change("q", vhost="v"),          # nothing is brought back by a later removal
+        queue_change("kept", 2),
+    ])
+    _names, recovered = queues_after_restart(tmp_path)
+    assert "v" not in recovered.meta["vhosts"] and recovered.meta["next_queue_id"] == 3
+
 # ---- a node ------------------------------------------------------------------------------------------
 def declare_some(node) -> None:
     ch = pika_conn(node).channel()

@@ -204,26 +204,28 @@ class MetaState:
             if q["id"] >= self.next_queue_id:
                 self.next_queue_id = q["id"] + 1
         elif op == "queue.delete":
+            vhost = self.vhosts.get(change["vhost"])
+            if vhost is not None:
+                vhost.queues.pop(change["name"], None)
+                vhost.unbind_all(vhost.by_destination, ("queue", change["name"]))
+        elif op == "unbind":
+            vhost = self.vhosts.get(change["vhost"])
+            if vhost is not None:
+                vhost.unbind(binding_key(change["binding"]))
+        elif op == "bind":
             vhost = self._vhost(change["vhost"])
-            vhost.queues.pop(change["name"], None)
-            vhost.unbind_all(vhost.by_destination, ("queue", change["name"]))
-        elif op == "bind" or op == "unbind":
-            vhost = self._vhost(change["vhost"])
-            b = change["binding"]
-            key = binding_key(b)
-            if op == "unbind":
-                vhost.unbind(key)
-            else:
-                vhost.bindings[key] = raw
-                vhost.by_source.setdefault(key[0], set()).add(key)
-                vhost.by_destination.setdefault((key[1], key[2]), set()).add(key)
+            key = binding_key(change["binding"])
+            vhost.bindings[key] = raw
+            vhost.by_source.setdefault(key[0], set()).add(key)
+            vhost.by_destination.setdefault((key[1], key[2]), set()).add(key)
         elif op == "exchange":
             self._vhost(change["vhost"]).exchanges[change["exchange"]["name"]] = raw
         elif op == "exchange.delete":
-            vhost = self._vhost(change["vhost"])
-            vhost.exchanges.pop(change["name"], None)
-            vhost.unbind_all(vhost.by_source, change["name"])
-            vhost.unbind_all(vhost.by_destination, ("exchange", change["name"]))
+            vhost = self.vhosts.get(change["vhost"])
+            if vhost is not None:
+                vhost.exchanges.pop(change["name"], None)
+                vhost.unbind_all(vhost.by_source, change["name"])
+                vhost.unbind_all(vhost.by_destination, ("exchange", change["name"]))
         elif op == "policies":
             self._vhost(change["vhost"]).policies = raw
         elif op == "vhost":
