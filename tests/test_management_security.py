@@ -182,3 +182,136 @@ def test_events_and_history_show_only_the_users_vhosts(inproc):
     alice = last_sample(("alice", "pw"))
     assert alice["messages_ready"] == 3 and alice["publish"] == 3, alice
     assert set(alice["vhosts"]) == {"team-a"}, alice
+
+
+# ---- bad input on every route: a 4xx with RabbitMQ's error body, never a 500 -----------------------
+HUGE = 10 ** 30
+BAD_REQUESTS = [
+    # unknown vhost, queue, exchange, user, node, connection
+    ("GET", "/api/queues/nope", None), ("GET", "/api/queues/nope/q", None), ("GET", "/api/queues/%2F/nope", None),
+    ("GET", "/api/queues/nope/q/bindings", None), ("GET", "/api/exchanges/nope", None),
+    ("GET", "/api/exchanges/nope/x", None), ("GET", "/api/exchanges/%2F/nope", None),
+    ("GET", "/api/bindings/nope", None), ("GET", "/api/bindings/nope/e/a/q/b", None),
+    ("GET", "/api/bindings/%2F/e/nope/q/nope", None), ("GET", "/api/consumers/nope", None),
+    ("GET", "/api/policies/nope", None), ("GET", "/api/policies/nope/p", None), ("GET", "/api/policies/%2F/nope", None),
+    ("GET", "/api/permissions/nope/guest", None), ("GET", "/api/permissions/%2F/nobody", None),
+    ("GET", "/api/aliveness-test/nope", None), ("GET", "/api/vhosts/nope", None), ("GET", "/api/nodes/nope", None),
+    ("GET", "/api/connections/nope", None), ("GET", "/api/users/nope", None),
+    ("DELETE", "/api/queues/nope/q", None), ("DELETE", "/api/queues/%2F/nope", None),
+    ("DELETE", "/api/queues/%2F/nope/contents", None), ("POST", "/api/queues/%2F/nope/get", {"count": 1}),
+    ("DELETE", "/api/exchanges/nope/x", None), ("DELETE", "/api/exchanges/%2F/nope", None),
+    ("POST", "/api/exchanges/nope/amq.direct/publish", {"routing_key": "k", "payload": "", "payload_encoding":
+                                                          "string", "properties": {}}),
+    ("POST", "/api/bindings/nope/e/amq.direct/q/q", {}),
+    ("DELETE", "/api/bindings/%2F/e/amq.direct/q/bad.q/nope", None),
+    ("DELETE", "/api/connections/nope", None), ("DELETE", "/api/users/nope", None),
+    ("DELETE", "/api/vhosts/nope", None),
+    ("DELETE", "/api/permissions/nope/guest", None), ("DELETE", "/api/policies/%2F/nope", None),
+    ("DELETE", "/api/policies/nope/p", None), ("PUT", "/api/queues/nope/q", {}), ("PUT", "/api/exchanges/nope/x",
+                                                                                   {"type": "direct"}),
+    ("PUT", "/api/permissions/nope/guest", {"configure": ".*", "write": ".*", "read": ".*"}),
+    ("PUT", "/api/permissions/%2F/nobody", {"configure": ".*", "write": ".*", "read": ".*"}),
+    ("PUT", "/api/policies/nope/p", {"pattern": ".*", "definition": {}}),
+    # bodies: not JSON, not an object
+    ("PUT", "/api/queues/%2F/bad.q", b"{not json"), ("PUT", "/api/queues/%2F/bad.q", [1, 2]),
+    ("PUT", "/api/queues/%2F/bad.q", "a string"), ("POST", "/api/definitions", 5),
+    # queues: wrong types, huge numbers
+    ("PUT", "/api/queues/%2F/bad.q", {"arguments": "x"}), ("PUT", "/api/queues/%2F/bad.q", {"arguments": [1]}),
+    ("PUT", "/api/queues/%2F/bad.q", {"arguments": {"x-max-length": "lots"}}),
+    ("PUT", "/api/queues/%2F/bad.q", {"arguments": {"x-max-length": HUGE}}),
+    ("PUT", "/api/queues/%2F/bad.q", {"arguments": {"x-message-ttl": -1}}),
+    ("PUT", "/api/queues/%2F/bad.q", {"arguments": {"x-max-priority": HUGE}}),
+    ("PUT", "/api/queues/%2F/bad.q", {"durable": "yes"}), ("PUT", "/api/queues/%2F/bad.q", {"auto_delete": [1]}),
+    ("PUT", "/api/queues/%2F/" + "q" * 300, {}),
+    ("POST", "/api/queues/%2F/bad.q/get", {"count": "many"}), ("POST", "/api/queues/%2F/bad.q/get", {"count": HUGE}),
+    ("POST", "/api/queues/%2F/bad.q/get", {"count": -1, "ackmode": 5}),
+    ("POST", "/api/queues/%2F/bad.q/get", {"count": 1, "truncate": "x"}),
+    ("POST", "/api/queues/%2F/bad.q/get", {"count": 1, "truncate": HUGE * -1}),
+    ("POST", "/api/queues/%2F/bad.q/get", {"count": 1, "encoding": []}),
+    ("POST", "/api/queues/%2F/bad.q/get", {"count": 1, "ackmode": "keep_it"}),
+    # exchanges
+    ("PUT", "/api/exchanges/%2F/bad.x", {}), ("PUT", "/api/exchanges/%2F/bad.x", {"type": 5}),
+    ("PUT", "/api/exchanges/%2F/bad.x", {"type": "nope"}), ("PUT", "/api/exchanges/%2F/bad.x",
+                                                            {"type": "direct", "arguments": "x"}),
+    ("PUT", "/api/exchanges/%2F/bad.x", {"type": "direct", "internal": {"a": 1}}),
+    # publish
+    ("POST", "/api/exchanges/%2F/amq.default/publish", {}),
+    ("POST", "/api/exchanges/%2F/amq.default/publish", {"routing_key": 5, "payload": "x", "payload_encoding":
+                                                        "string", "properties": {}}),
+    ("POST", "/api/exchanges/%2F/amq.default/publish", {"routing_key": "k", "payload": 5, "payload_encoding":
+                                                        "base64", "properties": {}}),
+    ("POST", "/api/exchanges/%2F/amq.default/publish", {"routing_key": "k", "payload": "!!", "payload_encoding":
+                                                        "base64", "properties": {}}),
+    ("POST", "/api/exchanges/%2F/amq.default/publish", {"routing_key": "k", "payload": "x", "payload_encoding":
+                                                        "rot13", "properties": {}}),
+    ("POST", "/api/exchanges/%2F/amq.default/publish", {"routing_key": "k", "payload": "x", "payload_encoding":
+                                                        "string", "properties": "x"}),
+    ("POST", "/api/exchanges/%2F/amq.default/publish", {"routing_key": "k", "payload": "x", "payload_encoding":
+                                                        "string", "properties": {"delivery_mode": "x"}}),
+    ("POST", "/api/exchanges/%2F/amq.default/publish", {"routing_key": "k", "payload": "x", "payload_encoding":
+                                                        "string", "properties": {"priority": HUGE}}),
+    ("POST", "/api/exchanges/%2F/amq.default/publish", {"routing_key": "k", "payload": "x", "payload_encoding":
+                                                        "string", "properties": {"headers": "x"}}),
+    ("POST", "/api/exchanges/%2F/amq.default/publish", {"routing_key": "k", "payload": "x", "payload_encoding":
+                                                        "string", "properties": {"headers": {"n": HUGE}}}),
+    ("POST", "/api/exchanges/%2F/amq.default/publish", {"routing_key": "k" * 300, "payload": "x",
+                                                        "payload_encoding": "string", "properties": {}}),
+    # bindings
+    ("POST", "/api/bindings/%2F/e/amq.direct/q/bad.q", {"routing_key": 5}),
+    ("POST", "/api/bindings/%2F/e/amq.direct/q/bad.q", {"arguments": "x"}),
+    ("POST", "/api/bindings/%2F/e/amq.direct/q/bad.q", {"routing_key": "k" * 300}),
+    ("POST", "/api/bindings/%2F/e/amq.direct/e/nope", {}),
+    # users
+    ("PUT", "/api/users/bad.user", {}), ("PUT", "/api/users/bad.user", {"password": ["x"]}),
+    ("PUT", "/api/users/bad.user", {"password": "pw", "tags": {"a": 1}}),
+    ("PUT", "/api/users/bad.user", {"password_hash": 5}), ("PUT", "/api/users/bad.user", {"password_hash": "!!"}),
+    ("PUT", "/api/users/bad.user", {"password_hash": "", "hashing_algorithm": "rot13"}),
+    # vhosts
+    ("PUT", "/api/vhosts/" + "v" * 300, {}), ("PUT", "/api/vhosts/bad.v", {"tracing": "x", "description": 5}),
+    # permissions
+    ("PUT", "/api/permissions/%2F/guest", {}), ("PUT", "/api/permissions/%2F/guest",
+                                                {"configure": 5, "write": ".*", "read": ".*"}),
+    ("PUT", "/api/permissions/%2F/guest", {"configure": "(", "write": ".*", "read": ".*"}),
+    # policies
+    ("PUT", "/api/policies/%2F/bad.p", {}), ("PUT", "/api/policies/%2F/bad.p", {"pattern": ".*"}),
+    ("PUT", "/api/policies/%2F/bad.p", {"pattern": "(", "definition": {"max-length": 1}}),
+    ("PUT", "/api/policies/%2F/bad.p", {"pattern": 5, "definition": {"max-length": 1}}),
+    ("PUT", "/api/policies/%2F/bad.p", {"pattern": ".*", "definition": "x"}),
+    ("PUT", "/api/policies/%2F/bad.p", {"pattern": ".*", "definition": {"max-length": "x"}}),
+    ("PUT", "/api/policies/%2F/bad.p", {"pattern": ".*", "definition": {"max-length": 1}, "priority": "high"}),
+    ("PUT", "/api/policies/%2F/bad.p", {"pattern": ".*", "definition": {"max-length": 1}, "priority": HUGE}),
+    ("PUT", "/api/policies/%2F/bad.p", {"pattern": ".*", "definition": {"max-length": 1}, "apply-to": "nope"}),
+    # definitions
+    ("POST", "/api/definitions", {"users": "x"}), ("POST", "/api/definitions", {"users": [5]}),
+    ("POST", "/api/definitions", {"users": [{"name": 5, "password_hash": "", "tags": ""}]}),
+    ("POST", "/api/definitions", {"vhosts": [{}]}), ("POST", "/api/definitions", {"vhosts": [{"name": 5}]}),
+    ("POST", "/api/definitions", {"permissions": [{}]}),
+    ("POST", "/api/definitions", {"queues": [{}]}), ("POST", "/api/definitions", {"queues": [{"name": 5}]}),
+    ("POST", "/api/definitions", {"queues": [{"name": "bad.d", "vhost": "nope"}]}),
+    ("POST", "/api/definitions", {"queues": [{"name": "bad.d", "arguments": {"x-max-length": HUGE}}]}),
+    ("POST", "/api/definitions", {"exchanges": [{"name": "bad.dx", "type": 5}]}),
+    ("POST", "/api/definitions", {"bindings": [{"source": "amq.direct", "destination": "nope"}]}),
+    ("POST", "/api/definitions", {"policies": [{"name": "p"}]}),
+    ("POST", "/api/definitions", {"policies": [{"name": "p", "pattern": ".*", "definition": {}, "priority": "x"}]}),
+    ("POST", "/api/definitions", {"policies": [{"name": "p", "pattern": "(", "definition": {}}]}),
+    ("POST", "/api/definitions", {"queues": "x"}),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_q(mnode):
+    assert mnode.api("PUT", "/api/queues/%2F/bad.q", {"durable": False})[0] in (201, 204)
+    yield "bad.q"
+
+
+@pytest.mark.parametrize("method,path,body", BAD_REQUESTS,
+                         ids=[f"{m} {p[:60]} {str(b)[:40]}" for m, p, b in BAD_REQUESTS])
+def test_bad_input_is_a_4xx_with_rabbitmqs_error_body(mnode, bad_q, method, path, body):
+    if isinstance(body, (bytes, str)) and not (isinstance(body, str) and body == "a string"):
+        data = body if isinstance(body, bytes) else body.encode()
+    else:
+        data = None if body is None else json.dumps(body).encode()
+    status, answer, _ = mnode.api(method, path, data)
+    assert 400 <= status < 500, (status, answer)
+    assert _is_rabbitmq_error(answer), answer
+    assert status != 401 or method == "GET" and "nodes" in path, "bad input answered as a login failure"

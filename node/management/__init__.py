@@ -3,6 +3,7 @@
     api.py          RabbitMQ's management API paths (aiohttp), and the page at /
     auth.py         HTTP basic auth with HareMQ's users and RabbitMQ's tags
     direct.py       a direct AMQP connection inside the node, for the API's actions
+    inputs.py       request bodies checked field by field (a 400 naming the field, never a 500)
     serializers.py  HareMQ's objects as RabbitMQ's JSON
     views.py        what one node contributes to cluster-wide listings
     stats.py        counters read when asked; rates, history and the timeline

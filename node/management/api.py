@@ -28,6 +28,7 @@ from ..broker.broker import BrokerError
 from ..broker.commands import AdminCallError, admin_method
 from ..broker.definitions import export_definitions
 from . import auth
+from . import inputs
 from . import serializers as js
 from .direct import AMQPClosed, DirectConnection
 from .views import close_local, local_rows, node_json
@@ -196,6 +197,8 @@ class ManagementAPI:
             return auth.error(401, exc.kind, exc.reason)
         except HTTPError as exc:
             return as_json({"error": exc.kind, "reason": exc.reason}, exc.status)
+        except inputs.BadInput as exc:
+            return as_json({"error": "bad_request", "reason": str(exc)}, 400)
         except AMQPClosed as exc:
             return self._amqp_error(exc)
         except web.HTTPException:
@@ -210,9 +213,9 @@ class ManagementAPI:
             return as_json({"error": "Object Not Found", "reason": "Not Found"}, 404)
         if exc.code in (403, 530):
             return auth.error(401, "not_authorised", exc.reason)
-        if exc.code in (405, 406):
+        if exc.code in (405, 406, 501, 502, 503, 504, 505):    # the request's fault, as AMQP says
             return as_json({"error": "bad_request", "reason": exc.reason}, 400)
-        if exc.code == 320:
+        if exc.code in (320, 506):
             return as_json({"error": "service_unavailable", "reason": exc.reason}, 503)
         return as_json({"error": "internal_server_error", "reason": exc.reason}, 500)
 
@@ -265,11 +268,12 @@ class ManagementAPI:
             data = await request.json(loads=json.loads)
         except ValueError:
             raise bad_request("failed to decode JSON") from None
-        if data is None:
-            return {}
-        if not isinstance(data, dict):
-            raise bad_request("not_json_object")
-        return data
+        return inputs.body_of(data)
+
+    @staticmethod
+    def _name(request, key: str = "name", what: str = "name") -> str:
+        """A queue, exchange or routing name from the path: an AMQP shortstr."""
+        return inputs.shortstr(request.match_info[key], what)
 
     async def broker_call(self, method: str, *args):
         """A change to users, vhosts, permissions or policies, as `haremq ctl` makes it."""
@@ -390,14 +394,16 @@ class ManagementAPI:
 
     async def declare_queue(self, request) -> web.Response:
         vhost = self.vhost_of(request)
-        name = request.match_info["name"]
+        name = self._name(request, what="queue name")
         data = await self.body(request)
+        durable, auto_delete = inputs.flag(data, "durable", True), inputs.flag(data, "auto_delete", False)
+        arguments = inputs.table(data, "arguments")
         existed = name in vhost.queues
         async with self.direct(request, vhost.name) as conn:
             channel = await conn.channel()
             await conn.call(channel, spec.Queue.Declare(
-                queue=name, durable=bool(data.get("durable", True)), auto_delete=bool(data.get("auto_delete", False)),
-                exclusive=False, arguments=data.get("arguments") or {}), spec.Queue.DeclareOk)
+                queue=name, durable=durable, auto_delete=auto_delete, exclusive=False, arguments=arguments),
+                spec.Queue.DeclareOk)
         log.info("queue declared through the management API", vhost=vhost.name, queue=name,
                  user=request["caller"].name)
         return no_content() if existed else created()
@@ -433,18 +439,12 @@ class ManagementAPI:
         if name not in vhost.queues:
             raise not_found()
         data = await self.body(request)
-        try:
-            count = int(data.get("count", 1))
-        except (TypeError, ValueError):
-            raise bad_request("count must be a number") from None
-        ackmode = data.get("ackmode") or ("ack_requeue_true" if data.get("requeue", True) else "ack_requeue_false")
-        if ackmode not in ACKMODES:
-            raise bad_request(f"invalid ackmode '{ackmode}'")
-        encoding = data.get("encoding", "auto")
-        if encoding not in ("auto", "base64"):
-            raise bad_request(f"invalid encoding '{encoding}'")
-        truncate = data.get("truncate")
-        truncate = int(truncate) if truncate not in (None, "") else None
+        count = inputs.whole(data, "count", 1, 0, MAX_GET)
+        requeue = inputs.flag(data, "requeue", True)
+        ackmode = inputs.choice(data, "ackmode", "ack_requeue_true" if requeue else "ack_requeue_false",
+                                tuple(ACKMODES))
+        encoding = inputs.choice(data, "encoding", "auto", ("auto", "base64"))
+        truncate = inputs.whole(data, "truncate", None, 0)
         action, requeue = ACKMODES[ackmode]
         out = []
         async with self.direct(request, vhost.name) as conn:
@@ -492,17 +492,17 @@ class ManagementAPI:
 
     async def declare_exchange(self, request) -> web.Response:
         vhost = self.vhost_of(request)
-        name = request.match_info["name"]
+        name = self._name(request, what="exchange name")
         data = await self.body(request)
-        if "type" not in data:
-            raise bad_request("[{error,{key_missing,type}}]")
+        kind = inputs.text(data, "type", limit=inputs.SHORTSTR)
+        durable, auto_delete = inputs.flag(data, "durable", True), inputs.flag(data, "auto_delete", False)
+        internal, arguments = inputs.flag(data, "internal", False), inputs.table(data, "arguments")
         existed = name in vhost.exchanges
         async with self.direct(request, vhost.name) as conn:
             channel = await conn.channel()
             await conn.call(channel, spec.Exchange.Declare(
-                exchange=name, exchange_type=data["type"], durable=bool(data.get("durable", True)),
-                auto_delete=bool(data.get("auto_delete", False)), internal=bool(data.get("internal", False)),
-                arguments=data.get("arguments") or {}), spec.Exchange.DeclareOk)
+                exchange=name, exchange_type=kind, durable=durable, auto_delete=auto_delete, internal=internal,
+                arguments=arguments), spec.Exchange.DeclareOk)
         return no_content() if existed else created()
 
     async def delete_exchange(self, request) -> web.Response:
@@ -526,22 +526,22 @@ class ManagementAPI:
         for key in ("routing_key", "payload", "payload_encoding", "properties"):
             if key not in data:
                 raise bad_request(f"[{{error,{{key_missing,{key}}}}}]")
-        if data["payload_encoding"] == "base64":
+        routing_key = inputs.text(data, "routing_key", limit=inputs.SHORTSTR)
+        payload = inputs.text(data, "payload")
+        if inputs.choice(data, "payload_encoding", "string", ("string", "base64")) == "base64":
             try:
-                body = base64.b64decode(data["payload"])
+                body = base64.b64decode(payload, validate=True)
             except ValueError:
                 raise bad_request("payload is not base64") from None
         else:
-            body = str(data["payload"]).encode()
-        props = dict(data.get("properties") or {})
-        props = {k: v for k, v in props.items() if k in js.PROPERTY_NAMES}
+            body = payload.encode()
         try:
-            properties = spec.Basic.Properties(**props)
+            properties = spec.Basic.Properties(**inputs.properties(data))
         except (TypeError, ValueError) as exc:
             raise bad_request(str(exc)) from None
         async with self.direct(request, vhost.name) as conn:
             channel = await conn.channel(confirm=True)
-            routed, _confirmed = await conn.publish(channel, name, data["routing_key"], body, properties)
+            routed, _confirmed = await conn.publish(channel, name, routing_key, body, properties)
         return as_json({"routed": routed})
 
     # ---- bindings -----------------------------------------------------------------------------------
@@ -568,7 +568,7 @@ class ManagementAPI:
     async def bind(self, request) -> web.Response:
         vhost, source, destination, kind = self._binding_ends(request)
         data = await self.body(request)
-        key, arguments = data.get("routing_key", ""), data.get("arguments") or {}
+        key, arguments = inputs.text(data, "routing_key", "", limit=inputs.SHORTSTR), inputs.table(data, "arguments")
         async with self.direct(request, vhost.name) as conn:
             channel = await conn.channel()
             if kind == "queue":
@@ -668,18 +668,18 @@ class ManagementAPI:
         auth.require_admin(request["caller"])
         name = request.match_info["name"]
         data = await self.body(request)
-        tags = data.get("tags", "")
-        tags = [t for t in (tags if isinstance(tags, list) else str(tags).replace(",", " ").split()) if t]
+        tags = inputs.tags(data)
         existed = self.broker.users.get(name) is not None
         if "password" in data:
+            password = inputs.text(data, "password")
             if existed:
-                await self.broker_call("change_password", name, str(data["password"]))
+                await self.broker_call("change_password", name, password)
             else:
-                await self.broker_call("add_user", name, str(data["password"]), tags)
+                await self.broker_call("add_user", name, password, tags)
         elif "password_hash" in data:     # as a definitions file carries it (keeps its permissions)
             await self.broker_call("import_definitions", {"users": [{
-                "name": name, "password_hash": data["password_hash"] or "", "tags": tags,
-                "hashing_algorithm": data.get("hashing_algorithm") or "rabbit_password_hashing_sha256"}]})
+                "name": name, "password_hash": inputs.password_hash(data), "tags": tags,
+                "hashing_algorithm": inputs.choice(data, "hashing_algorithm", HASHING[0], HASHING)}]})
         elif not existed:
             raise bad_request("[{error,{key_missing,password_hash}}]")
         if existed:
@@ -717,7 +717,9 @@ class ManagementAPI:
 
     async def put_vhost(self, request) -> web.Response:
         auth.require_admin(request["caller"])
-        name = request.match_info["name"]
+        name = self._name(request, what="vhost name")     # connection.open carries it as a shortstr
+        data = await self.body(request)
+        inputs.text(data, "description", ""), inputs.tags(data), inputs.flag(data, "tracing", False)
         if name in self.broker.vhosts:
             return no_content()
         await self.broker_call("add_vhost", name)
@@ -749,11 +751,9 @@ class ManagementAPI:
         if self.broker.users.get(user) is None or vhost not in self.broker.vhosts:
             raise not_found()
         data = await self.body(request)
-        for key in ("configure", "write", "read"):
-            if key not in data:
-                raise bad_request(f"[{{error,{{key_missing,{key}}}}}]")
+        configure, write, read = (inputs.regex(data, key) for key in ("configure", "write", "read"))
         existed = (user, vhost) in self.broker.permissions
-        await self.broker_call("set_permissions", user, vhost, data["configure"], data["write"], data["read"])
+        await self.broker_call("set_permissions", user, vhost, configure, write, read)
         return no_content() if existed else created()
 
     async def delete_permission(self, request) -> web.Response:
@@ -786,12 +786,9 @@ class ManagementAPI:
         vhost = self.vhost_of(request)
         name = request.match_info["name"]
         data = await self.body(request)
-        for key in ("pattern", "definition"):
-            if key not in data:
-                raise bad_request(f"[{{error,{{key_missing,{key}}}}}]")
+        pattern, definition, apply_to, priority = _policy(data)
         existed = name in vhost.policies
-        await self.broker_call("set_policy", vhost.name, name, data["pattern"], data["definition"],
-                               data.get("apply-to", "all"), int(data.get("priority", 0)))
+        await self.broker_call("set_policy", vhost.name, name, pattern, definition, apply_to, priority)
         log.info("policy set through the management API", vhost=vhost.name, policy=name, user=caller.name)
         return no_content() if existed else created()
 
@@ -816,7 +813,7 @@ class ManagementAPI:
         `set_policy` call (through the metadata log when clustered), then exchanges, queues
         and bindings declared over a direct AMQP connection per vhost."""
         auth.require_admin(request["caller"])
-        data = await self.body(request)
+        data = _checked_definitions(await self.body(request))
         try:
             await self._import(request, data)
         except (KeyError, TypeError, AttributeError) as exc:
@@ -830,8 +827,9 @@ class ManagementAPI:
         if any(accounts.values()):
             await self.broker_call("import_definitions", accounts)
         for p in data.get("policies", []):
-            await self.broker_call("set_policy", p.get("vhost", "/"), p["name"], p["pattern"],
-                                   p.get("definition", {}), p.get("apply-to", "all"), int(p.get("priority", 0)))
+            pattern, definition, apply_to, priority = _policy(p)
+            await self.broker_call("set_policy", p.get("vhost", "/"), p["name"], pattern, definition, apply_to,
+                                   priority)
         by_vhost: dict[str, dict[str, list]] = {}
         for kind in ("exchanges", "queues", "bindings"):
             for item in data.get(kind, []):
@@ -911,3 +909,55 @@ class ManagementAPI:
 
 def _resource(alarm: str) -> str:
     return "disk" if alarm.startswith("disk") else alarm
+
+
+MAX_GET = 1 << 20      # messages one POST .../get may ask for
+HASHING = ("rabbit_password_hashing_sha256", "rabbit_password_hashing_sha512", "rabbit_password_hashing_md5")
+
+
+def _policy(data: dict) -> tuple[str, dict, str, int]:
+    """A policy's pattern, definition, apply-to and priority, as the API and definitions give them."""
+    pattern = inputs.regex(data, "pattern")
+    definition = data.get("definition")
+    if definition is None:
+        raise inputs.BadInput("[{error,{key_missing,definition}}]")
+    if not isinstance(definition, dict):
+        raise inputs.BadInput("definition must be an object")
+    inputs.table(data, "definition")
+    return (pattern, definition, inputs.text(data, "apply-to", "all"),
+            inputs.whole(data, "priority", 0, -(1 << 31), (1 << 31) - 1))
+
+
+def _checked_definitions(data: dict) -> dict:
+    """Every item of a definitions document checked before any of it is applied: one bad
+    item refuses the whole import (400) rather than half of it going in."""
+    for user in inputs.listed(data, "users"):
+        inputs.text(user, "name")
+        inputs.password_hash(user)
+        inputs.tags(user)
+        inputs.choice(user, "hashing_algorithm", HASHING[0], HASHING)
+    for vhost in inputs.listed(data, "vhosts"):
+        inputs.text(vhost, "name", limit=inputs.SHORTSTR, what="vhost name")
+    for p in inputs.listed(data, "permissions"):
+        inputs.text(p, "user"), inputs.text(p, "vhost")
+        for key in ("configure", "write", "read"):
+            inputs.regex(p, key, "")
+    for p in inputs.listed(data, "policies"):
+        inputs.text(p, "name"), inputs.text(p, "vhost", "/")
+        _policy(p)
+    for x in inputs.listed(data, "exchanges"):
+        inputs.text(x, "name", limit=inputs.SHORTSTR, what="exchange name"), inputs.text(x, "vhost", "/")
+        inputs.text(x, "type", "direct", limit=inputs.SHORTSTR)
+        inputs.flag(x, "durable", True), inputs.flag(x, "auto_delete", False), inputs.flag(x, "internal", False)
+        inputs.table(x, "arguments")
+    for q in inputs.listed(data, "queues"):
+        inputs.text(q, "name", limit=inputs.SHORTSTR, what="queue name"), inputs.text(q, "vhost", "/")
+        inputs.flag(q, "durable", True), inputs.flag(q, "auto_delete", False)
+        inputs.table(q, "arguments")
+    for b in inputs.listed(data, "bindings"):
+        inputs.text(b, "source", limit=inputs.SHORTSTR), inputs.text(b, "destination", limit=inputs.SHORTSTR)
+        inputs.text(b, "vhost", "/")
+        inputs.choice(b, "destination_type", "queue", ("queue", "exchange"))
+        inputs.text(b, "routing_key", "", limit=inputs.SHORTSTR)
+        inputs.table(b, "arguments")
+    return data

@@ -12,6 +12,7 @@ over their links.
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections import defaultdict
 
 from pamqp import body as pbody
@@ -21,6 +22,7 @@ from pamqp import frame as pframe
 from pamqp import header as pheader
 
 from ..broker.session import Session
+from .inputs import BadInput
 
 CLIENT_PROPERTIES = {"product": "HareMQ management", "connection_name": "HareMQ management API",
                      "capabilities": {"publisher_confirms": True, "basic.nack": True,
@@ -82,7 +84,11 @@ class DirectConnection:
 
     # ---- bytes in and out -------------------------------------------------------------------
     def _send(self, frame, channel: int = 0) -> None:
-        self._feed(pframe.marshal(frame, channel))
+        try:
+            data = pframe.marshal(frame, channel)
+        except (struct.error, TypeError, ValueError) as exc:   # a value AMQP (or pamqp) cannot encode
+            raise BadInput(f"cannot be sent in AMQP: {exc}") from None
+        self._feed(data)
 
     def _feed(self, data: bytes) -> None:
         if not self.session.closed:
@@ -107,6 +113,10 @@ class DirectConnection:
                 break
             del self._buffer[:used]
             self.frames[channel].put_nowait(frame)
+            if channel == 0 and isinstance(frame, spec.Connection.Close):
+                for other, frames in list(self.frames.items()):     # every channel waiting learns it
+                    if other:
+                        frames.put_nowait(frame)
         if not self.session.closed:
             self.session.drained()
 
@@ -116,7 +126,8 @@ class DirectConnection:
             self._send(spec.Channel.CloseOk(), channel)
             raise AMQPClosed(frame.reply_code, frame.reply_text)
         if isinstance(frame, spec.Connection.Close):
-            self._send(spec.Connection.CloseOk())
+            if not self.session.closed:
+                self._send(spec.Connection.CloseOk())
             raise AMQPClosed(frame.reply_code, frame.reply_text)
         return frame
 
