@@ -186,8 +186,8 @@ class Raft:
             else:
                 answer = await peer.stub.AppendEntries(append_request_pb(request), timeout=APPEND_TIMEOUT,
                                                        metadata=self.membership.metadata())
-        except grpc.aio.AioRpcError:
-            pass
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+            pass        # no answer; a channel closed under the call (redialled, or stopping) is none too
         except Exception:  # noqa: BLE001 - the machine must hear of it whatever went wrong
             self.log.exception("raft call failed", to=request.to)
         now = time.monotonic()
