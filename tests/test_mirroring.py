@@ -99,6 +99,18 @@ def _pump(connection, seconds):
         connection.process_data_events(0.05)
 
 
+def _publish_once_confirmed(ch, queue, body, within=10.0):
+    """Publish until the broker confirms it: nacked while a failover is under way."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            ch.basic_publish("", queue, body, PERSISTENT)
+            return
+        except pika.exceptions.NackError:
+            assert time.monotonic() < deadline, f"publishes were still nacked {within:g} s after the kill"
+            time.sleep(0.05)
+
+
 def _restart(member):
     member.kill9()
     member.start(timeout=60)
@@ -166,14 +178,7 @@ def test_failover_keeps_every_confirmed_message_and_redelivers_unacked(cluster):
     cons.stop_consuming()
     hare1.kill9()
     # the same publisher channel on hare2 goes on once a mirror is master
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            pub.basic_publish("", "ha.fail", b"after", PERSISTENT)
-            break
-        except pika.exceptions.NackError:
-            assert time.monotonic() < deadline, "publishes were still nacked 10 s after the kill"
-            time.sleep(0.05)
+    _publish_once_confirmed(pub, "ha.fail", b"after")
     row = wait_until(lambda: (lambda r: r if r and r["master"] != "hare1" else None)(queue_row(hare2, "ha.fail")),
                      timeout=10)
     assert row["epoch"] == 2 and row["master"] == oldest        # the oldest in-sync mirror
@@ -1058,14 +1063,7 @@ def test_an_identical_message_after_a_failover_reaches_a_consumer_that_acked_its
     hare1.kill9()
     wait_until(lambda: (lambda r: r and r["master"] == "hare2" and r["state"] == "running")(
         queue_row(hare3, "ha.twins")), timeout=20)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            pub.basic_publish("", "ha.twins", b"tick", PERSISTENT)
-            break
-        except pika.exceptions.NackError:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    _publish_once_confirmed(pub, "ha.twins", b"tick")
     wait_until(lambda: cc.process_data_events(0.05) or len(got) == 2, timeout=10,
                message=f"the second tick never reached the consumer: {got}")
     assert got == [b"tick", b"tick"]
