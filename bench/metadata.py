@@ -11,7 +11,10 @@ aiormq:
 2. open N connections, one channel each (connections/s, RSS per connection);
 3. declare Q durable queues, `--batch` at a time, spread over the channels;
    the rate is reported for the first and the last `--bucket` queues, so a
-   rate that falls as queues accumulate shows (RSS per queue);
+   rate that falls as queues accumulate shows, and so are the node's own CPU
+   time and the bytes it wrote to storage per declare in each bucket (from
+   /proc: on a shared machine the rates move with the other load, the
+   node's CPU per declare much less); RSS per queue;
 4. publish one persistent message to each queue with confirms, then
    basic.get each (the same batches);
 5. close the connections, stop the node and start it again: the time from
@@ -19,6 +22,10 @@ aiormq:
    queues;
 6. reconnect and delete every queue, `--batch` at a time (first and last
    buckets again).
+
+Before the declares and the deletes the bench waits until the node has
+written nothing for a second (a new HareMQ store zeroes its first segments
+ahead of the writes), so that the bytes counted are the phase's own.
 
 RabbitMQ is a throw-away node of Debian's rabbitmq-server on --rabbit-port,
 with its data under the bench's work directory as ../shared/bench/rabbitmq_ref.sh
@@ -271,25 +278,63 @@ async def close_connections(conns: list) -> None:
         await asyncio.gather(*(c.close() for c, _ch in conns[start:start + 100]), return_exceptions=True)
 
 
-async def batched(channels: list, names: list[str], batch: int, call) -> list[float]:
-    """call(channel, name) for every name, `batch` at a time (each on its own channel); each batch's seconds."""
-    times = []
+def node_counters(pid: int | None) -> tuple[float, int]:
+    """(CPU seconds, bytes written to storage) of a process so far, all its threads."""
+    cpu, written = 0.0, 0
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        with open(f"/proc/{pid}/io") as fh:
+            for line in fh:
+                if line.startswith("write_bytes:"):
+                    written = int(line.split()[1])
+    except (OSError, ValueError, IndexError, TypeError):
+        pass
+    return cpu, written
+
+
+async def batched(channels: list, names: list[str], batch: int, call, pid: int | None = None) -> list[tuple]:
+    """call(channel, name) for every name, `batch` at a time (each on its own channel); per batch:
+    (seconds, the node's CPU seconds, bytes the node wrote to storage)."""
+    samples = []
     for start in range(0, len(names), batch):
-        began = time.monotonic()
+        began, (cpu, written) = time.monotonic(), node_counters(pid)
         await asyncio.gather(*(call(channels[(start + i) % len(channels)], name)
                                for i, name in enumerate(names[start:start + batch])))
-        times.append(time.monotonic() - began)
-    return times
+        cpu_after, written_after = node_counters(pid)
+        samples.append((time.monotonic() - began, cpu_after - cpu, written_after - written))
+    return samples
 
 
-def bucket_rates(times: list[float], batch: int, bucket: int, total: int) -> dict:
-    """Operations/s over the first and the last `bucket` operations, and over all of them."""
+def bucket_rates(samples: list[tuple], batch: int, bucket: int, total: int) -> dict:
+    """Operations/s over the first and the last `bucket` operations, and over all of them; the
+    node's CPU (ms) and bytes written per operation in each bucket. The machine's other load
+    moves the rates; the node's own CPU per operation much less."""
     per = max(1, bucket // batch)
-    first, last = sum(times[:per]), sum(times[-per:])
     n = min(bucket, total)
-    return {"all": total / sum(times) if sum(times) else 0.0,
-            "first": n / first if first else 0.0, "last": n / last if last else 0.0,
-            "first_over_last": (last / first) if first else 0.0}
+    first = [sum(x) for x in zip(*samples[:per])]
+    last = [sum(x) for x in zip(*samples[-per:])]
+    wall = sum(s[0] for s in samples)
+    return {"all": total / wall if wall else 0.0,
+            "first": n / first[0] if first[0] else 0.0, "last": n / last[0] if last[0] else 0.0,
+            "first_over_last": (last[0] / first[0]) if first[0] else 0.0,
+            "cpu_ms_first": 1000 * first[1] / n, "cpu_ms_last": 1000 * last[1] / n,
+            "cpu_last_over_first": (last[1] / first[1]) if first[1] else 0.0,
+            "written_first": first[2] / n, "written_last": last[2] / n}
+
+
+async def settle(pid: int | None, quiet: float = 1.0, timeout: float = 60) -> None:
+    """Wait until the node has written nothing for `quiet` seconds (a new HareMQ store zeroes
+    its first segments ahead of the writes), so that a phase's bytes are its own."""
+    deadline = time.monotonic() + timeout
+    before = node_counters(pid)[1]
+    while time.monotonic() < deadline:
+        await asyncio.sleep(quiet)
+        now = node_counters(pid)[1]
+        if now == before:
+            return
+        before = now
 
 
 async def wait_ready(url: str, queue: str | None, timeout: float = 600) -> float:
@@ -332,10 +377,11 @@ async def run_broker(node, args) -> dict:
         if not channels:
             raise RuntimeError(f"no connection opened: {errors[:1]}")
 
+        await settle(node.pid())
         log(f"{node.label}: declare {args.queues} durable queues, {args.batch} at a time")
         clock = Clock()
         times = await batched(channels, names, args.batch,
-                              lambda ch, name: ch.queue_declare(name, durable=True))
+                              lambda ch, name: ch.queue_declare(name, durable=True), node.pid())
         wall, cpu = clock.done()
         rss2 = rss_kb(node.pid())
         out["declare"] = {**bucket_rates(times, args.batch, args.bucket, len(names)), "seconds": wall,
@@ -382,9 +428,10 @@ async def run_broker(node, args) -> dict:
 
         conns, errors = await open_connections(url, min(args.connections, len(conns)))
         channels = [ch for _c, ch in conns]
+        await settle(node.pid())
         log(f"{node.label}: delete them all, {args.batch} at a time")
         clock = Clock()
-        times = await batched(channels, names, args.batch, lambda ch, name: ch.queue_delete(name))
+        times = await batched(channels, names, args.batch, lambda ch, name: ch.queue_delete(name), node.pid())
         wall, cpu = clock.done()
         out["delete"] = {**bucket_rates(times, args.batch, args.bucket, len(names)), "seconds": wall,
                          "load": clock.load, "client_cpu": cpu}
@@ -405,7 +452,12 @@ ROWS = [
     ("declare/s, all queues", lambda r: r["declare"]["all"], "higher"),
     ("declare/s, first bucket", lambda r: r["declare"]["first"], "higher"),
     ("declare/s, last bucket", lambda r: r["declare"]["last"], "higher"),
-    ("declare: last bucket's cost / first's", lambda r: r["declare"]["first_over_last"], "lower"),
+    ("declare: last bucket's time / first's", lambda r: r["declare"]["first_over_last"], "lower"),
+    ("declare: node CPU per queue, first bucket, ms", lambda r: r["declare"]["cpu_ms_first"], "lower"),
+    ("declare: node CPU per queue, last bucket, ms", lambda r: r["declare"]["cpu_ms_last"], "lower"),
+    ("declare: last bucket's node CPU / first's", lambda r: r["declare"]["cpu_last_over_first"], "lower"),
+    ("declare: bytes written per queue, first bucket", lambda r: r["declare"]["written_first"], "lower"),
+    ("declare: bytes written per queue, last bucket", lambda r: r["declare"]["written_last"], "lower"),
     ("RSS per queue, KB", lambda r: r["declare"]["rss_per_queue_kb"], "lower"),
     ("publish one confirmed message to each, msg/s", lambda r: r["publish"]["rate"], "higher"),
     ("publishes nacked", lambda r: r["publish"]["nacked"], None),
@@ -415,6 +467,10 @@ ROWS = [
     ("delete/s, all queues", lambda r: r["delete"]["all"], "higher"),
     ("delete/s, first bucket", lambda r: r["delete"]["first"], "higher"),
     ("delete/s, last bucket", lambda r: r["delete"]["last"], "higher"),
+    ("delete: node CPU per queue, first bucket, ms", lambda r: r["delete"]["cpu_ms_first"], "lower"),
+    ("delete: node CPU per queue, last bucket, ms", lambda r: r["delete"]["cpu_ms_last"], "lower"),
+    ("delete: bytes written per queue, first bucket", lambda r: r["delete"]["written_first"], "lower"),
+    ("delete: bytes written per queue, last bucket", lambda r: r["delete"]["written_last"], "lower"),
 ]
 
 
