@@ -33,21 +33,14 @@ from pathlib import Path
 
 import structlog
 
+from haremq.node.store.writer import sync_directory
+
 from .raft_messages import LogWrite
 from .raft_state import PersistentState
 
 
 class RaftStorageError(Exception):
     """DATA_DIR/raft cannot be used as it is (entries missing or damaged before the end)."""
-
-
-def sync_directory(directory: Path) -> None:
-    """Make the names in `directory` (a file created, renamed or removed) durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _entry(line: bytes) -> tuple[int, int, bytes] | None:

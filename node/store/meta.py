@@ -49,6 +49,7 @@ from pathlib import Path
 import structlog
 
 from ..protocol.tables import decode_table, encode_table
+from .writer import sync_directory
 
 VERSION = 2
 SNAPSHOT = "meta.bin"
@@ -109,14 +110,6 @@ def _valid_record_after(data: bytes, pos: int) -> bool:
         if length and end <= len(data) and zlib.crc32(view[start + HEADER.size:end]) == crc:
             return True
     return False
-
-
-def sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_atomically(path: Path, blob: bytes) -> None:

@@ -39,6 +39,15 @@ def segment_path(directory: Path, segment: int) -> Path:
     return directory / f"{segment:08d}.seg"
 
 
+def sync_directory(directory: Path) -> None:
+    """Make the names in `directory` (a file created, renamed or removed) durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class SegmentWriter:
     def __init__(self, directory: Path, segment_size: int, meta_log,
                  done: Callable[[Batch], None], loop, written: Callable[[tuple], None] | None = None):
@@ -160,7 +169,7 @@ class SegmentWriter:
             # gone for good before the batch is done: a later batch may remove the segment
             # holding the acks of their messages, and should that removal survive a power
             # loss and this one not, acked messages would come back
-            self._sync_directory(self.directory)
+            sync_directory(self.directory)
             batch.fsyncs += 1
 
     # A sync after an append to a file whose blocks are already written (zeros) need not
@@ -185,7 +194,7 @@ class SegmentWriter:
             done += n
             if done >= self.segment_size:
                 os.fsync(fd)
-                self._sync_directory(self.directory)
+                sync_directory(self.directory)
             self._spare = (segment, fd, done)
         except OSError:
             if self._spare is not None:
@@ -236,14 +245,7 @@ class SegmentWriter:
                     raise
             if not existed:
                 os.fsync(fd)
-                self._sync_directory(self.directory)
+                sync_directory(self.directory)
             self._fds[segment] = fd
         return fd
 
-    @staticmethod
-    def _sync_directory(directory: Path) -> None:
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
