@@ -455,18 +455,45 @@ class Outgoing:
     properties: pika.BasicProperties
 
 
+# Reply codes another node may not repeat: this one is going away (320 CONNECTION_FORCED: it is
+# stopping, or paused without a majority), lacked a resource for a moment (506) or failed
+# internally (541). Any other code (403, 404, 406, 530, ...) every node would answer alike.
+TRANSIENT_REPLY_CODES = frozenset({320, 506, 541})
+
+
+def lost_connection(reason: BaseException) -> bool:
+    """Whether pika's close `reason` of a connection or channel means the connection was lost
+    (reset, closed by a node that is going away, missed heartbeats) rather than refused."""
+    if isinstance(reason, (pexc.ConnectionClosedByBroker, pexc.ChannelClosedByBroker)):
+        return reason.reply_code in TRANSIENT_REPLY_CODES
+    return not isinstance(reason, (pexc.ConnectionClosedByClient, pexc.ChannelClosedByClient))
+
+
+def _login_refused(exc: BaseException) -> bool:
+    """A refusal every node of the cluster would repeat (users and permissions are shared)."""
+    return isinstance(exc, (pexc.ProbableAuthenticationError, pexc.AuthenticationError,
+                            pexc.ProbableAccessDeniedError))
+
+
 class ConfirmingPublisher:
     """Publishes messages with confirms on a SelectConnection driven by this thread.
 
-    `publish(messages)` returns the number confirmed, or raises HareMQError when the broker
-    nacks a message, returns one (mandatory, unroutable), stays silent for `confirm_timeout`
-    seconds while confirms are outstanding, or closes the connection or channel. Nothing is
-    retried here: the caller (a Spark task) fails and Spark retries the whole batch.
+    `publish(messages)` returns the number confirmed. A lost connection (reset, a node that
+    closes it with 320 CONNECTION_FORCED, missed heartbeats, a channel closed with 320, 506 or
+    541) is not an error: the next node of the list takes over and the messages the lost one
+    had not confirmed are published there again, in order and unchanged (so a deduplicating
+    queue drops the copies that had arrived), then the rest. The call raises HareMQError only
+    when no node takes the connection within `reconnect_timeout` seconds (counted from the start,
+    or from the last confirm), or when the broker nacks a message, returns one (mandatory,
+    unroutable), stays silent for `confirm_timeout` seconds while confirms are outstanding,
+    refuses the login or closes the channel with any other code. Then the caller (a Spark task)
+    fails and Spark runs the whole batch again.
     """
 
     def __init__(self, uris: Sequence[Tuple[str, pika.URLParameters]], exchange: str,
                  mandatory: bool = True, window: int = 2000, confirm_timeout: float = 30.0,
-                 connect_timeout: float = 10.0, name: str = "haremq-spark sink"):
+                 connect_timeout: float = 10.0, name: str = "haremq-spark sink",
+                 reconnect_timeout: float = 60.0, heartbeat: Optional[int] = None):
         self.uris = list(uris)
         self.exchange = exchange
         self.mandatory = mandatory
@@ -474,6 +501,8 @@ class ConfirmingPublisher:
         self.confirm_timeout = confirm_timeout
         self.connect_timeout = connect_timeout
         self.name = name
+        self.reconnect_timeout = reconnect_timeout
+        self.heartbeat = heartbeat
 
     def publish(self, messages: Iterable[Outgoing]) -> int:
         it = iter(messages)
@@ -481,49 +510,111 @@ class ConfirmingPublisher:
             first = next(it)
         except StopIteration:
             return 0
-        errors = {}
-        for shown, params in self.uris:
-            run = _PublishRun(self, shown, params, first, it)
+        work = _Work(first, it)
+        k = 0
+        deadline = time.monotonic() + self.reconnect_timeout
+        failures: dict = {}     # node -> why, since the last connection that got a confirm
+        tried = 0               # connections tried since then
+        delay = 0.2
+        while True:
+            shown, params = self.uris[k]
+            run = _PublishRun(self, shown, params, work)
             run.start()
             if run.raised is not None:
                 raise run.raised
+            if run.fatal is not None:
+                raise HareMQError(run.fatal)
+            if run.finished:
+                return work.confirmed
+            if run.confirmed:   # progress: the allowance starts again
+                deadline = time.monotonic() + self.reconnect_timeout
+                failures, tried, delay = {}, 0, 0.2
+            failures[shown] = run.lost
+            tried += 1
             if run.opened:
-                if run.error:
-                    raise HareMQError(run.error)
-                return run.confirmed
-            errors[shown] = run.error
-        raise HareMQError(f"haremq sink: cannot publish to exchange {self.exchange!r}: "
-                          + "; ".join(errors.values()))
+                log.warning("haremq sink: %s; publishing its %d unconfirmed messages again on the next node",
+                            run.lost, run.given_back)
+            k = (k + 1) % len(self.uris)
+            if tried >= len(self.uris):   # every node tried since the last progress
+                now = time.monotonic()
+                if now >= deadline:
+                    raise HareMQError(self._no_node(work, failures))
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, 2.0)
+                tried = 0
+
+    def _no_node(self, work: "_Work", failures: dict) -> str:
+        done = f" after {work.confirmed} messages confirmed" if work.confirmed else ""
+        return (f"haremq sink: cannot publish to exchange {self.exchange!r}{done}: no node took the "
+                f"connection within reconnectTimeout ({self.reconnect_timeout:g}s): "
+                + "; ".join(failures.values()))
+
+
+class _Work:
+    """What one `publish` call still has to do, carried from one connection to the next."""
+
+    def __init__(self, first: Outgoing, rest: Iterator[Outgoing]):
+        self.again: collections.deque = collections.deque([first])   # taken from `rest`, not confirmed
+        self.rest = rest
+        self.exhausted = False
+        self.confirmed = 0
+
+    def next(self) -> Optional[Outgoing]:
+        if self.again:
+            return self.again.popleft()
+        if self.exhausted:
+            return None
+        try:
+            return next(self.rest)
+        except StopIteration:
+            self.exhausted = True
+            return None
+
+    @property
+    def finished(self) -> bool:
+        return self.exhausted and not self.again
 
 
 class _PublishRun:
-    """One connection's worth of publishing (callbacks of pika's SelectConnection)."""
+    """One connection's worth of publishing (callbacks of pika's SelectConnection).
 
-    def __init__(self, pub: ConfirmingPublisher, shown: str, params: pika.URLParameters,
-                 first: Outgoing, rest: Iterator[Outgoing]):
+    Ends `finished` (all confirmed), with `fatal` (a text: the task must fail), `raised` (the
+    messages' iterator failed) or `lost` (a text: the connection did not open, or was lost; what
+    it had not confirmed is back at the front of the work, `given_back` messages).
+    """
+
+    def __init__(self, pub: ConfirmingPublisher, shown: str, params: pika.URLParameters, work: _Work):
         self.pub = pub
         self.shown = shown
-        self.params = _connect_params(params, pub.name, pub.connect_timeout, None)
-        self.pending: Optional[Outgoing] = first
-        self.rest = rest
-        self.exhausted = False
+        self.params = _connect_params(params, pub.name, pub.connect_timeout, pub.heartbeat)
+        self.work = work
         self.opened = False
-        self.error: Optional[str] = None
-        self.published = 0
+        self.finished = False
+        self.fatal: Optional[str] = None
+        self.lost: Optional[str] = None
+        self.raised: Optional[BaseException] = None
+        self.given_back = 0
+        self.published = 0      # on this connection: its publish sequence numbers
         self.confirmed = 0
-        self.unconfirmed: collections.deque = collections.deque()
+        self.unconfirmed: collections.deque = collections.deque()    # (sequence number, message)
         self.acked_out_of_order: set = set()
         self.last_progress = time.monotonic()
         self.channel = None
         self.conn: Optional[pika.SelectConnection] = None
         self.closing = False
-        self.raised: Optional[BaseException] = None
 
     def start(self) -> None:
         self.conn = pika.SelectConnection(self.params, on_open_callback=self._on_open,
                                           on_open_error_callback=self._on_open_error,
                                           on_close_callback=self._on_closed)
         self.conn.ioloop.start()
+        if self.fatal is None and self.raised is None and not self.finished:
+            if self.lost is None:
+                self.lost = f"connection to {self.shown} ended"
+            back = [m for seq, m in self.unconfirmed if seq not in self.acked_out_of_order]
+            self.work.again.extendleft(reversed(back))
+            self.given_back = len(back)
+            self.unconfirmed.clear()
 
     # -- connection lifecycle
 
@@ -532,13 +623,21 @@ class _PublishRun:
         conn.channel(on_open_callback=self._on_channel)
 
     def _on_open_error(self, conn, exc) -> None:
-        self.error = describe(exc, self.params, self.shown)
+        text = describe(exc, self.params, self.shown)
+        if _login_refused(exc):
+            self.fatal = f"haremq sink: cannot publish to exchange {self.pub.exchange!r}: {text}"
+        else:
+            self.lost = text
         conn.ioloop.stop()
 
     def _on_closed(self, conn, reason) -> None:
-        if not self.closing and self.error is None:
-            self.error = (f"haremq sink: connection to {self.shown} closed after {self.published} "
-                          f"published, {self.confirmed} confirmed: {_reply(reason)}")
+        if not self.closing:
+            text = (f"connection to {self.shown} closed after {self.published} published, "
+                    f"{self.confirmed} confirmed: {_reply(reason)}")
+            if lost_connection(reason):
+                self._lose(text)
+            else:
+                self._fail(f"haremq sink: {text}")
         conn.ioloop.stop()
 
     def _on_channel(self, ch) -> None:
@@ -553,15 +652,25 @@ class _PublishRun:
         self._pump()
 
     def _on_channel_closed(self, ch, reason) -> None:
-        if not self.closing:
-            text = _reply(reason)
-            if isinstance(reason, pexc.ChannelClosedByBroker) and reason.reply_code == 404:
-                text = f"exchange {self.pub.exchange!r} not found: {text}"
-            self._fail(f"haremq sink: channel closed by {self.shown}: {text}")
+        if self.closing:
+            return
+        text = _reply(reason)
+        if lost_connection(reason):   # the connection went, or the node is going away
+            self._lose(f"channel on {self.shown} closed after {self.published} published, "
+                       f"{self.confirmed} confirmed: {text}")
+            return
+        if isinstance(reason, pexc.ChannelClosedByBroker) and reason.reply_code == 404:
+            text = f"exchange {self.pub.exchange!r} not found: {text}"
+        self._fail(f"haremq sink: channel closed by {self.shown}: {text}")
 
     def _fail(self, text: str) -> None:
-        if self.error is None:
-            self.error = text
+        if self.fatal is None and self.lost is None:
+            self.fatal = text
+        self._close()
+
+    def _lose(self, text: str) -> None:
+        if self.fatal is None and self.lost is None:
+            self.lost = text
         self._close()
 
     def _close(self) -> None:
@@ -571,6 +680,8 @@ class _PublishRun:
         try:
             if self.conn.is_open:
                 self.conn.close()
+                # a node that hangs never answers the close: do not wait for it forever
+                self.conn.ioloop.call_later(self.pub.connect_timeout, self.conn.ioloop.stop)
             else:
                 self.conn.ioloop.stop()
         except Exception:
@@ -578,43 +689,47 @@ class _PublishRun:
 
     # -- publishing and confirms
 
-    def _next(self) -> Optional[Outgoing]:
-        if self.pending is not None:
-            m, self.pending = self.pending, None
-            return m
-        if self.exhausted:
-            return None
-        try:
-            return next(self.rest)
-        except StopIteration:
-            self.exhausted = True
-            return None
-
     def _pump(self) -> None:
         if self.closing:
             return
         ch = self.channel
-        try:
-            while len(self.unconfirmed) - len(self.acked_out_of_order) < self.pub.window:
-                m = self._next()
-                if m is None:
-                    break
+        while len(self.unconfirmed) - len(self.acked_out_of_order) < self.pub.window:
+            try:
+                m = self.work.next()
+            except Exception as e:  # the rows' iterator failed (in Spark, or a row the sink refuses)
+                self.raised = e
+                self._fail(f"haremq sink: publishing failed after {self.published} messages: "
+                           f"{type(e).__name__}: {e}")
+                return
+            if m is None:
+                break
+            try:
                 ch.basic_publish(self.pub.exchange, m.routing_key, m.body, m.properties,
                                  mandatory=self.pub.mandatory)
-                self.published += 1
-                self.unconfirmed.append(self.published)
-        except Exception as e:  # e.g. the Spark iterator failed, or the channel closed
-            self.raised = e
-            self._fail(f"haremq sink: publishing failed after {self.published} messages: "
-                       f"{type(e).__name__}: {e}")
-            return
+            except Exception as e:
+                if ch.is_open and self.conn.is_open:   # the message itself: pika cannot encode it
+                    self.raised = e
+                    self._fail(f"haremq sink: publishing failed after {self.published} messages: "
+                               f"{type(e).__name__}: {e}")
+                else:                                  # the channel went away under us
+                    self.work.again.appendleft(m)
+                    self._lose(f"publishing to {self.shown} failed after {self.published} messages: "
+                               f"{type(e).__name__}: {e}")
+                return
+            self.published += 1
+            self.unconfirmed.append((self.published, m))
         # Time spent waiting for Spark's rows is not the broker's silence: restart the clock.
         self.last_progress = time.monotonic()
         self._maybe_done()
 
     def _maybe_done(self) -> None:
-        if self.exhausted and self.pending is None and self.confirmed == self.published:
+        if not self.unconfirmed and self.work.finished:
+            self.finished = True
             self._close()
+
+    def _confirmed_one(self) -> None:
+        self.confirmed += 1
+        self.work.confirmed += 1
 
     def _on_confirm(self, frame) -> None:
         method = frame.method
@@ -625,18 +740,18 @@ class _PublishRun:
             return
         dq = self.unconfirmed
         if method.multiple:
-            while dq and dq[0] <= tag:
+            while dq and dq[0][0] <= tag:
                 dq.popleft()
-                self.confirmed += 1
+                self._confirmed_one()
             self.acked_out_of_order = {t for t in self.acked_out_of_order if t > tag}
-        elif dq and dq[0] == tag:
+        elif dq and dq[0][0] == tag:
             dq.popleft()
-            self.confirmed += 1
+            self._confirmed_one()
         else:
             self.acked_out_of_order.add(tag)
-        while dq and dq[0] in self.acked_out_of_order:
-            self.acked_out_of_order.discard(dq.popleft())
-            self.confirmed += 1
+        while dq and dq[0][0] in self.acked_out_of_order:
+            self.acked_out_of_order.discard(dq.popleft()[0])
+            self._confirmed_one()
         self.last_progress = time.monotonic()
         self._pump()
 

@@ -88,8 +88,11 @@ new connection being a new session, before the query fails.
 Sink. `write()` runs in executor tasks: each task publishes its rows on its own connection with
 publisher confirms (a window of unconfirmed messages), mandatory=true and delivery_mode=2 by
 default, and raises (failing the task, so Spark retries and does not commit the batch) on a
-basic.nack, a basic.return, a closed channel or connection, or no confirm progress for
-`confirmTimeout` seconds. `commit`/`abort` run on the driver and have nothing left to do.
+basic.nack, a basic.return, a channel closed for a reason every node would repeat (404, 403,
+406, ...), or no confirm progress for `confirmTimeout` seconds. A lost connection does not fail
+the task: it connects to the next node and publishes again, unchanged, the messages the lost
+one had not confirmed (a deduplicating queue drops the copies that had arrived: same ids), then
+goes on; only when no node takes a connection for `reconnectTimeout` seconds does it fail. `commit`/`abort` run on the driver and have nothing left to do.
 `streamWriter()` runs on the driver at query start and again for every batch's commit: it
 fails the query on a refused login or a missing exchange, but an unreachable node is left to
 the tasks (which try the URIs in order), so an outage at commit time cannot fail a batch whose
@@ -101,8 +104,8 @@ Source options: uri, queue, maxRowsPerBatch (10000), maxBytesPerBatch (64 MiB of
 Arrow binary column holds at most 2 GiB), prefetch (2 x maxRowsPerBatch, at most 65535),
 connectTimeout (10 s), reconnectTimeout (60 s), heartbeat (server's), sessionCheckTimeout
 (150 s). Sink options: uri, exchange (""), routingKey (""), persistent (true), mandatory
-(true), confirmWindow (2000), confirmTimeout (30 s), connectTimeout (10 s), deduplication
-(false).
+(true), confirmWindow (2000), confirmTimeout (30 s), connectTimeout (10 s), reconnectTimeout
+(60 s), heartbeat (server's), deduplication (false).
 
 Effectively once. With `deduplication=true` the sink puts an id on every row, in the header
 `x-deduplication-header` that a deduplicating HareMQ queue (x-message-deduplication) drops
@@ -274,6 +277,8 @@ class SinkOptions:
     confirm_timeout: float
     connect_timeout: float
     deduplication: bool = False
+    reconnect_timeout: float = 60.0
+    heartbeat: Optional[int] = None
 
     @classmethod
     def parse(cls, options) -> "SinkOptions":
@@ -287,7 +292,9 @@ class SinkOptions:
                    window=_number(options, "confirmWindow", 2000, role, minimum=1),
                    confirm_timeout=_number(options, "confirmTimeout", 30.0, role, float, 0.1),
                    connect_timeout=_number(options, "connectTimeout", 10.0, role, float, 0.1),
-                   deduplication=_flag(options, "deduplication", False, role))
+                   deduplication=_flag(options, "deduplication", False, role),
+                   reconnect_timeout=_number(options, "reconnectTimeout", 60.0, role, float, 0),
+                   heartbeat=_number(options, "heartbeat", None, role, int, 0))
 
 
 # --------------------------------------------------------------------------- the data source
@@ -498,7 +505,8 @@ class _Publishing:
         o = self.options
         pub = ConfirmingPublisher(parse_uris(o.uri, "sink"), o.exchange, mandatory=o.mandatory,
                                   window=o.window, confirm_timeout=o.confirm_timeout,
-                                  connect_timeout=o.connect_timeout)
+                                  connect_timeout=o.connect_timeout, reconnect_timeout=o.reconnect_timeout,
+                                  heartbeat=o.heartbeat)
         return HareMQCommitMessage(published=pub.publish(self._messages(batches)))
 
     def _messages(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Outgoing]:

@@ -33,6 +33,7 @@ if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
 import pika  # noqa: E402
 
 from haremq.pipeline.amqp import ConfirmingPublisher, Outgoing, parse_uris  # noqa: E402
+from tests.conftest import wait_until  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -412,14 +413,15 @@ def test_sink_unroutable_message_fails_the_batch_and_nothing_is_acked(spark, nod
 
 # --------------------------------------------------------------------------- (d) node killed
 
-def _relay(spark, src_uri: str, src: str, dst_uri: str, dst: str, checkpoint):
+def _relay(spark, src_uri: str, src: str, dst_uri: str, dst: str, checkpoint, drain_uri: str | None = None):
     """A query copying src to dst, batches of 1000, reconnecting for up to 60 s; a drain of dst
-    and a check that raises if the query failed."""
-    drain = Drain(dst_uri, dst)
+    (through `drain_uri`, default `dst_uri`) and a check that raises if the query failed."""
+    drain = Drain(drain_uri or dst_uri, dst)
     df = (spark.readStream.format("haremq").option("uri", src_uri).option("queue", src)
           .option("maxRowsPerBatch", "1000").option("reconnectTimeout", "60").load())
     q = (df.select("body").writeStream.format("haremq").option("uri", dst_uri)
-         .option("routingKey", dst).option("checkpointLocation", str(checkpoint)).start())
+         .option("routingKey", dst).option("reconnectTimeout", "60")
+         .option("checkpointLocation", str(checkpoint)).start())
 
     def failed():
         if q.exception() is not None:
@@ -464,50 +466,190 @@ def test_source_node_sigkilled_mid_stream_loses_nothing(spark, node, tmp_path):
     assert ready == 0, f"{ready} messages came back to the input after the query stopped"
 
 
-def test_master_of_a_mirrored_source_queue_killed_mid_stream_loses_nothing(spark, node, tmp_path):
-    """Three nodes, the source queue mirrored on all of them; the job reads through the two
-    that survive while its master is SIGKILLed: a mirror takes over and nothing is lost."""
+def _kill_amid_a_sink_task(member, timeout: float = 60.0) -> bool:
+    """SIGKILL `member` while a sink task of a running query has a channel open on it (is
+    publishing its rows or waiting for their confirms)."""
+    from tests.clusters import control
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = control(member, "management_rows", kind="connections", local=True)
+        if any(r["channels"] and (r.get("client_properties") or {}).get("connection_name") == "haremq-spark sink"
+               for r in rows):
+            member.kill9()
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_node_of_the_source_and_sink_killed_mid_stream_and_left_down_loses_nothing(spark, tmp_path):
+    """Three nodes, both queues mirrored on all of them. hare1 masters the input and holds the
+    query's consumer and its sink tasks' connections; it is SIGKILLed mid-stream and never comes
+    back. In local mode a failed task fails the query: the source and the sink move to the next
+    node inside the running query, a mirror takes over the input, nothing is lost and the
+    input ends empty."""
     if REF_PORT:
         pytest.skip("controls node processes")
-    import json as json_
-
-    from tests.clusters import ctl, ctl_json, proxied_cluster
-    members, partition = proxied_cluster(tmp_path / "cluster", failure_timeout=3.0)
+    members = _ha_cluster(tmp_path)
     hare1, hare2, hare3 = members
     try:
-        r = ctl(hare1, "set-policy", "ha", r"^ha\.", json_.dumps({"ha-mode": "all", "ha-sync-mode": "automatic"}),
-                "--apply-to", "queues")
-        assert r.returncode == 0, r.stderr
-        n = 20_000
-        src, dst = _name("ha.in"), _name("mk.out")
+        n = 12_000
+        src, dst = _name("ha.in"), _name("ha.out")
         _declare(hare1.url, src)
-        _declare(node.url, dst)
+        _declare(hare3.url, dst)
         expected = {f"m-{i:06d}".encode() for i in range(n)}
         assert _fill(hare1.url, src, sorted(expected)) == n
-        deadline = time.monotonic() + 30
-        while sorted(next(q for q in ctl_json(hare1, "list-queues") if q["name"] == src)["synchronised_mirrors"]) \
-                != ["hare2", "hare3"]:
-            assert time.monotonic() < deadline, "mirrors never synchronised"
-            time.sleep(0.2)
-        drain, q, failed = _relay(spark, f"{hare2.url},{hare3.url}", src, node.url, dst, tmp_path / "ck")
+        _synchronised(members, src, dst)
+        drain, q, failed = _relay(spark, f"{hare1.url},{hare2.url},{hare3.url}", src,
+                                  f"{hare1.url},{hare3.url},{hare2.url}", dst, tmp_path / "ck", drain_uri=hare3.url)
         try:
-            assert drain.until(lambda: drain.total >= 5000, 120, on_idle=failed), "nothing flowed"
-            hare1.kill9()
+            assert drain.until(lambda: drain.total >= 4000, 120, on_idle=failed), "nothing flowed"
+            assert _kill_amid_a_sink_task(hare1), "no sink task connected to hare1"
             at_kill = len(set(drain.bodies))
             done = drain.until(lambda: expected <= set(drain.bodies), 180, on_idle=failed)
-            time.sleep(3)
+            time.sleep(3)      # the idle flush lets Spark commit, and the source ack, the last batch
         finally:
             q.stop()
+        ready, consumers = _wait_consumers_gone(hare2.url, src)
         drain.pump(1)
         drain.close()
         missing = len(expected - set(drain.bodies))
-        print(f"\nmaster SIGKILL after {at_kill} distinct; {len(expected) - missing}/{n} distinct in the end, "
-              f"{drain.total - len(set(drain.bodies))} duplicates")
+        print(f"\nhare1 SIGKILL after {at_kill} distinct; {len(expected) - missing}/{n} distinct in the end, "
+              f"{drain.total - len(set(drain.bodies))} duplicates, {ready} left in the input")
         assert done and missing == 0, f"{missing} messages lost"
+        assert ready == 0, f"{ready} messages came back to the input after the query stopped"
     finally:
-        for m in members:
-            m.kill9()
-        partition["close"]()
+        _stop_members(members)
+
+
+# The connector's consumer and publisher, and the source's replay check, with their node killed
+# (or hung) and left down, without Spark: what a Spark task and the source's runner do.
+
+def _ha_cluster(tmp_path):
+    """Three members, every queue mirrored on all of them, synchronised automatically."""
+    from tests.clusters import mirror_every_queue, plain_cluster
+    members = plain_cluster(tmp_path / "cluster", failure_timeout=3.0)
+    mirror_every_queue(members[0])
+    return members
+
+
+def _synchronised(members, *queues, timeout=30.0):
+    from tests.clusters import control
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = {r["name"]: r for r in control(members[-1], "list_queues")}
+        if all(len(rows.get(q, {}).get("synchronised_mirrors") or []) == len(members) - 1 for q in queues):
+            return
+        assert time.monotonic() < deadline, f"mirrors never synchronised: {[rows.get(q) for q in queues]}"
+        time.sleep(0.2)
+
+
+def _stop_members(members):
+    for m in members:
+        if m.proc is not None and m.proc.poll() is None:
+            try:
+                os.killpg(m.proc.pid, signal.SIGCONT)     # a stopped member must wake to die
+            except ProcessLookupError:
+                pass
+        m.kill9()
+
+
+def _dedup_queue(url: str, queue: str) -> None:
+    conn, ch = _channel(url)
+    ch.queue_declare(queue, durable=True, arguments={"x-message-deduplication": True, "x-cache-size": 50_000})
+    conn.close()
+
+
+def _ids_out(queue: str, n: int, yielded: list, prefix: str = "id"):
+    """n messages for `queue`, each with its own x-deduplication-header; counts them in `yielded`."""
+    for i in range(n):
+        yielded[0] += 1
+        yield Outgoing(queue, f"{prefix}-{i:06d}".encode(), pika.BasicProperties(
+            delivery_mode=2, headers={"x-deduplication-header": f"{prefix}-{i:06d}"}))
+
+
+def _take_all(consumer, want: int, timeout: float):
+    """Deliveries taken from `consumer` until `want` (of any sessions), as [(session, Delivery)]."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        consumer.check()
+        session, deliveries = consumer.take(want - len(got))
+        got += [(session, d) for d in deliveries]
+        if not deliveries:
+            time.sleep(0.05)
+    return got
+
+
+def test_publisher_and_consumer_ride_through_their_node_killed_and_left_down(tmp_path, caplog):
+    """The sink's publisher and the source's consumer are connected to hare1, which masters both
+    queues; hare1 is SIGKILLed mid-stream and never comes back. The publisher goes on on hare2
+    and publishes again what hare1 had not confirmed (same ids: the deduplicating output holds
+    each message once); the consumer moves to hare2 as a new session and gets back, redelivered,
+    what it had not acked."""
+    if REF_PORT:
+        pytest.skip("controls node processes")
+    import logging
+    import threading
+
+    from haremq.pipeline.amqp import QueueConsumer
+    caplog.set_level(logging.WARNING, logger="pipeline.haremq")
+    members = _ha_cluster(tmp_path)
+    hare1, hare2, hare3 = members
+    try:
+        src, dst = _name("ride.in"), _name("ride.out")
+        _declare(hare1.url, src)
+        _dedup_queue(hare1.url, dst)
+        m = 2000
+        _fill(hare1.url, src, [f"in-{i:05d}".encode() for i in range(m)], ids=True)
+        _synchronised(members, src, dst)
+        uris = parse_uris(f"{hare1.url},{hare2.url},{hare3.url}", "test")
+
+        consumer = QueueConsumer(uris, src, prefetch=m, connect_timeout=5, reconnect_timeout=30)
+        consumer.start()
+        held = _take_all(consumer, 500, 30)      # taken (all delivered), never acked
+        first = consumer.live_session()
+        assert len(held) == 500 and {s for s, _ in held} == {first}
+
+        n, yielded, outcome = 20_000, [0], {}
+        publisher = ConfirmingPublisher(uris, "", window=2000, connect_timeout=5)
+
+        def publish():
+            try:
+                outcome["confirmed"] = publisher.publish(_ids_out(dst, n, yielded))
+            except Exception as e:  # noqa: BLE001 - reported below
+                outcome["error"] = e
+        thread = threading.Thread(target=publish, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while yielded[0] < 6000:
+            assert thread.is_alive() and time.monotonic() < deadline, f"publishing stalled: {outcome}"
+            time.sleep(0.01)
+        hare1.kill9()
+        killed_at, t0 = yielded[0], time.monotonic()
+        thread.join(120)
+        assert not thread.is_alive(), "the publisher never finished"
+        assert "error" not in outcome, f"the publisher gave up: {outcome['error']}"
+        assert outcome["confirmed"] == n
+        lost = [r.getMessage() for r in caplog.records if "publishing its" in r.getMessage()]
+        assert lost, "the kill did not land while the publisher had a connection to hare1"
+
+        rest = _take_all(consumer, m, 60)        # everything comes back: the 500 redelivered
+        again = [d for s, d in rest if s != first]
+        assert consumer.live_session() not in (None, first)
+        assert {d.properties.message_id for d in again} == {f"in-{i:05d}" for i in range(m)}
+        redelivered = {d.properties.message_id for d in again if d.redelivered}
+        assert {d.properties.message_id for _, d in held} <= redelivered
+        session = consumer.live_session()
+        assert consumer.ack_through(session, max(d.tag for s, d in rest if s == session))
+        consumer.stop()
+        ready = wait_until(lambda: _count([hare2.url, hare3.url], dst) == n, 30)
+        left, _ = _wait_consumers_gone(hare2.url, src)
+        print(f"\nhare1 SIGKILLed at {killed_at} messages yielded; publisher done {time.monotonic() - t0:.1f}s "
+              f"later ({lost[0]}); consumer moved to a new session, {len(redelivered)} redelivered; "
+              f"output {n} exactly, input {left} left")
+        assert ready and left == 0
+    finally:
+        _stop_members(members)
 
 
 # --------------------------------------------------------------------------- rows and routing
@@ -675,8 +817,11 @@ def _count(urls, queue: str):
 
 def test_deduplicating_sink_is_effectively_once_through_job_and_master_kills(tmp_path):
     """20,000 messages, mirrored queue -> Spark (deduplication=true) -> mirrored deduplicating
-    queue; the job is SIGKILLed twice and restarted from its checkpoint and the output queue's
-    master node is SIGKILLed once: every message arrives exactly once, the input ends empty."""
+    queue; the job is SIGKILLed twice and restarted from its checkpoint, and the output queue's
+    master node, which the job is connected to, is SIGKILLed once and never restarted. The job
+    runs in local mode without task retries: its source and sink move to the next node inside the
+    running query (the sink publishing again, with the same ids, what the dead node had not
+    confirmed). Every message arrives exactly once, the input ends empty."""
     if REF_PORT:
         pytest.skip("controls node processes")
     import json as json_
@@ -712,7 +857,7 @@ def test_deduplicating_sink_is_effectively_once_through_job_and_master_kills(tmp
             assert time.monotonic() < deadline, "mirrors never synchronised"
             time.sleep(0.2)
 
-        uri = f"{hare3.url},{hare1.url},{hare2.url}"    # the job talks to hare3 first
+        uri = f"{hare2.url},{hare3.url},{hare1.url}"    # the job talks to hare2 first: killed below
         urls = [hare3.url, hare1.url, hare2.url]
         ck, log = tmp_path / "ck", tmp_path / "job.log"
         env = dict(os.environ, SPARK_LOCAL_IP=HOST,
@@ -721,7 +866,7 @@ def test_deduplicating_sink_is_effectively_once_through_job_and_master_kills(tmp
         def start():
             return subprocess.Popen(
                 [sys.executable, "-m", "haremq.pipeline.examples.transform_job", "--uri", uri, "--source", src,
-                 "--target", dst, "--checkpoint", str(ck), "--max-rows", "1000", "--master", "local[2,4]",
+                 "--target", dst, "--checkpoint", str(ck), "--max-rows", "1000", "--master", "local[2]",
                  "--deduplication"],
                 stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
@@ -743,8 +888,9 @@ def test_deduplicating_sink_is_effectively_once_through_job_and_master_kills(tmp
         _kill_job(job)
         job = start()
         wait_output(_count(urls, dst) + 3000)
-        hare2.kill9()                                   # the output queue's master
+        assert _kill_amid_a_sink_task(hare2)    # the output's master and the job's node, left down
         print(f"output master {hare2.name} SIGKILLed at {_count(urls, dst)} {took()}")
+        # The same job goes on (wait_output fails if it exited): no task failed with the node.
         print(f"second job SIGKILLed at {wait_output(13_000, timeout=150)} output messages {took()}")
         _kill_job(job)
         job = start()
