@@ -15,6 +15,12 @@ how to talk to HareMQ (or any RabbitMQ-compatible broker) with pika 1.3.
 * `check_target` fails fast on a refused login or a missing exchange (the sink's start check).
 * `ConfirmingPublisher` publishes an iterator of messages with publisher confirms, a window
   of unconfirmed messages, mandatory routing, and fails on nack, basic.return or timeout.
+
+Both the consumer and the publisher ride through the loss of their node: on a lost connection
+they connect to the next node of the URI list (then the others in turn) and go on, the consumer
+as a new session (the broker redelivers what the lost one had not acked), the publisher
+publishing again what the lost connection had not confirmed. They give up only when no node
+takes a connection for `reconnect_timeout` seconds.
 """
 from __future__ import annotations
 
@@ -152,6 +158,7 @@ class Delivery:
 class _Session:
     id: str
     node: str
+    index: int          # of `node` in the URI list
     connection: pika.BlockingConnection
     channel: object
     buffer: collections.deque = field(default_factory=collections.deque)
@@ -163,11 +170,13 @@ class QueueConsumer:
     """One consumer on `queue`, kept alive by a daemon I/O thread; acks only on request.
 
     `start()` connects (one pass over the URIs) and raises HareMQError if no node works.
-    Later connection losses are retried over all URIs for `reconnect_timeout` seconds; each new
-    connection is a new session, and the deliveries of a lost session are dropped here (the
-    broker requeues them). `take(n)` returns (session id, deliveries) from the live session;
-    `ack_through(session, tag)` acks tags <= tag with multiple=true if `session` is still the
-    live one and otherwise does nothing.
+    A lost connection (reset, closed by the broker, missed heartbeats, the channel closed or the
+    consumer cancelled) is replaced by one to the next node of the list, then the others in
+    turn, for `reconnect_timeout` seconds; each new connection is a new session, and the
+    deliveries of a lost session are dropped here (the broker requeues them, redelivered).
+    `take(n)` returns (session id, deliveries) from the live session; `ack_through(session,
+    tag)` acks tags <= tag with multiple=true if `session` is still the live one and otherwise
+    does nothing.
     """
 
     def __init__(self, uris: Sequence[Tuple[str, pika.URLParameters]], queue: str, prefetch: int,
@@ -303,6 +312,7 @@ class QueueConsumer:
                 pass
             if self._stopping:
                 return
+            self._next_uri = (s.index + 1) % len(self.uris)   # the node that lost it last
             try:
                 new = self._open_any(deadline=time.monotonic() + self.reconnect_timeout)
             except HareMQError as e:
@@ -313,7 +323,7 @@ class QueueConsumer:
                 self._session = new
 
     def _open_any(self, deadline: Optional[float]) -> _Session:
-        """Open a session on the first node that works, starting with the one used last.
+        """Open a session on the first node that works, starting with `_next_uri`.
 
         With deadline None, one pass over the URIs; otherwise passes until the deadline.
         """
@@ -324,7 +334,7 @@ class QueueConsumer:
                 k = (self._next_uri + i) % len(self.uris)
                 shown, params = self.uris[k]
                 try:
-                    s = self._open(shown, params)
+                    s = self._open(k, shown, params)
                     self._next_uri = k
                     return s
                 except Exception as e:
@@ -337,7 +347,7 @@ class QueueConsumer:
             delay = min(delay * 2, 2.0)
             self._next_uri = (self._next_uri + 1) % len(self.uris)
 
-    def _open(self, shown: str, params: pika.URLParameters) -> _Session:
+    def _open(self, index: int, shown: str, params: pika.URLParameters) -> _Session:
         sid = uuid.uuid4().hex
         params = _connect_params(params, f"haremq-spark source {self.queue} {sid}", self.connect_timeout,
                                  self.heartbeat)
@@ -347,7 +357,7 @@ class QueueConsumer:
             ch.queue_declare(self.queue, passive=True)
             ch.queue_declare(MARKER_PREFIX + sid, exclusive=True, auto_delete=True)
             ch.basic_qos(prefetch_count=self.prefetch)
-            s = _Session(id=sid, node=shown, connection=conn, channel=ch)
+            s = _Session(id=sid, node=shown, index=index, connection=conn, channel=ch)
 
             def on_message(_ch, method, properties, body, buf=s.buffer):
                 buf.append(Delivery(method.delivery_tag, method.exchange, method.routing_key,

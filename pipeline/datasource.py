@@ -80,10 +80,14 @@ commits it, so its messages return to the queue when the query ends: use Availab
 `reader.stop()` was never called in six traced query stops, so nothing depends on it: when the
 runner process exits its sockets close and the broker requeues whatever was not acked.
 
-Failover. `uri` may list several nodes, comma-separated. The first connection makes one pass
-over them and fails the query with one clause per node (refused, login refused, vhost, queue
-missing); a lost connection is retried over all of them for `reconnectTimeout` seconds, each
-new connection being a new session, before the query fails.
+Failover. `uri` may list several nodes, comma-separated. The source's first connection makes
+one pass over them and fails the query with one clause per node (refused, login refused,
+vhost, queue missing). A lost connection (reset, closed with 320 CONNECTION_FORCED, missed
+heartbeats, a closed channel, a cancelled consumer) is replaced by one to the next node of the
+list, then the others in turn, for `reconnectTimeout` seconds before the query fails; each new
+connection is a new session, and what the lost one had not acked comes back redelivered (the
+batch Spark planned from it still runs, and its commit acks nothing: duplicates, never loss).
+The sink does the same inside a task: see below.
 
 Sink. `write()` runs in executor tasks: each task publishes its rows on its own connection with
 publisher confirms (a window of unconfirmed messages), mandatory=true and delivery_mode=2 by

@@ -652,6 +652,69 @@ def test_publisher_and_consumer_ride_through_their_node_killed_and_left_down(tmp
         _stop_members(members)
 
 
+def test_consumer_and_publisher_leave_a_hung_node_for_the_next(tmp_path):
+    """hare1 stops answering (SIGSTOP: its sockets stay open, nothing comes back). Missed
+    heartbeats end both connections; each goes to the next node of the list, not back to the
+    hung one (whose connection attempts would only time out), and carries on there."""
+    if REF_PORT:
+        pytest.skip("controls node processes")
+    import threading
+
+    from haremq.pipeline.amqp import QueueConsumer
+    members = _ha_cluster(tmp_path)
+    hare1, hare2, hare3 = members
+    try:
+        src, dst = _name("hung.in"), _name("hung.out")
+        _declare(hare2.url, src)                         # mastered on hare2, read through hare1
+        _dedup_queue(hare2.url, dst)
+        _fill(hare2.url, src, [f"h-{i}".encode() for i in range(300)], ids=True)
+        _synchronised(members, src, dst)
+        uris = parse_uris(f"{hare1.url},{hare2.url},{hare3.url}", "test")
+        consumer = QueueConsumer(uris, src, prefetch=100, connect_timeout=20, reconnect_timeout=60, heartbeat=1)
+        consumer.start()
+        first = consumer.live_session()
+        assert len(_take_all(consumer, 100, 30)) == 100
+
+        stopped = threading.Event()
+        yielded, outcome = [0], {}
+
+        def rows():
+            yield from _ids_out(dst, 100, yielded, "a")
+            stopped.wait(30)                             # the rest only once hare1 hangs
+            yield from _ids_out(dst, 100, yielded, "b")
+        publisher = ConfirmingPublisher(uris, "", connect_timeout=20, confirm_timeout=120, heartbeat=1)
+
+        def publish():
+            try:
+                outcome["confirmed"] = publisher.publish(rows())
+            except Exception as e:  # noqa: BLE001 - reported below
+                outcome["error"] = e
+        thread = threading.Thread(target=publish, daemon=True)
+        thread.start()
+        wait_until(lambda: yielded[0] >= 100, 30)
+        time.sleep(0.5)
+        os.killpg(hare1.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        stopped.set()
+        wait_until(lambda: consumer.live_session() not in (None, first), 40,
+                   message="the consumer never left the hung node")
+        moved = time.monotonic() - t0
+        thread.join(60)
+        published = time.monotonic() - t0
+        assert not thread.is_alive() and "error" not in outcome, outcome
+        assert outcome["confirmed"] == 200
+        print(f"\nhung hare1: consumer on {consumer._session.node} after {moved:.1f}s, publisher done "
+              f"after {published:.1f}s")
+        assert consumer._session.node == uris[1][0], "the consumer did not move to the next node"
+        # Missed heartbeats (1 s) are noticed within 6-12 s; going back to the hung node first
+        # would add a connection attempt that times out (20 s) before the next node is tried.
+        assert moved < 30, f"took {moved:.1f}s to move"
+        assert wait_until(lambda: _count([hare2.url, hare3.url], dst) == 200, 30)
+        consumer.stop()
+    finally:
+        _stop_members(members)
+
+
 # --------------------------------------------------------------------------- rows and routing
 
 def test_rows_carry_the_message_and_routing_key_column_overrides(spark, node, tmp_path):
