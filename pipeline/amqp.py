@@ -11,7 +11,7 @@ how to talk to HareMQ (or any RabbitMQ-compatible broker) with pika 1.3.
   acknowledged, cumulatively, only when the owner calls `ack_through(session, tag)`. While a
   session is alive it also holds an exclusive marker queue `haremq.spark.session.<id>`, so any
   process can ask the broker whether that session (and its unacked deliveries) still exists.
-* `session_alive` is that question, asked from another process.
+* `wait_session_gone` is that question, asked from another process until the answer is no.
 * `check_target` fails fast on a refused login or a missing exchange (the sink's start check).
 * `ConfirmingPublisher` publishes an iterator of messages with publisher confirms, a window
   of unconfirmed messages, mandatory routing, and fails on nack, basic.return or timeout.
@@ -380,43 +380,61 @@ class QueueConsumer:
         return s
 
 
-def session_alive(uris: Sequence[Tuple[str, pika.URLParameters]], session_id: str,
-                  timeout: float = 150.0, connect_timeout: float = 10.0) -> bool:
-    """Whether consumer session `session_id` still holds its connection (its marker queue exists).
+def wait_session_gone(uris: Sequence[Tuple[str, pika.URLParameters]], session_id: str,
+                      timeout: float = 150.0, unreachable_timeout: float = 60.0,
+                      connect_timeout: float = 10.0) -> Optional[str]:
+    """Wait until consumer session `session_id` no longer holds its connection: None then.
 
-    True while the broker still has the marker queue (an exclusive queue of another connection
-    answers 405 RESOURCE_LOCKED to a passive declare), False once it answers 404. Waits up to
-    `timeout` seconds for the answer to become False (a half-open connection is only dropped
-    after missed heartbeats) and raises HareMQError if no node answers at all.
+    The nodes are asked in order, once a second, for the session's marker queue (passive
+    declare); the first that answers decides. 404 means the session is gone: its connection
+    closed, or its node went down and the cluster deleted its exclusive queues, so the broker
+    has its unacked deliveries back. 405 RESOURCE_LOCKED (an exclusive queue of another
+    connection) means it is still there: a half-open connection is only dropped after missed
+    heartbeats, a node that died only once the others agree it is down. After `timeout` seconds
+    of that, returns what the nodes answered. A node that refuses the connection or times out
+    is passed over; if none answers for `unreachable_timeout` seconds, raises HareMQError naming
+    each node's failure.
     """
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    answered = started       # when a node last answered
     while True:
-        errors = {}
+        answers = {}
+        held = False
         for shown, params in uris:
             try:
                 p = _connect_params(params, f"haremq-spark session check {session_id}", connect_timeout, None)
                 conn = pika.BlockingConnection(p)
             except Exception as e:
-                errors[shown] = describe(e, params, shown)
+                answers[shown] = describe(e, params, shown)
                 continue
             try:
                 conn.channel().queue_declare(MARKER_PREFIX + session_id, passive=True)
-                alive = True
+                answers[shown] = f"{shown}: its marker queue {MARKER_PREFIX + session_id!r} exists"
+                held = True
             except pexc.ChannelClosedByBroker as e:
-                alive = e.reply_code != 404
+                if e.reply_code == 404:
+                    return None
+                answers[shown] = f"{shown}: {_reply(e)}"
+                held = True
+            except Exception as e:  # the connection dropped while asking: ask the next node
+                answers[shown] = describe(e, params, shown)
             finally:
                 try:
-                    conn.close()
+                    if conn.is_open:
+                        conn.close()
                 except Exception:
                     pass
-            if not alive:
-                return False
-            break
-        if time.monotonic() > deadline:
-            if errors and len(errors) == len(uris):
-                raise HareMQError("haremq source: cannot ask any node about consumer session "
-                                  f"{session_id}: " + "; ".join(errors.values()))
-            return True
+            if held:
+                break
+        now = time.monotonic()
+        if held:
+            answered = now
+            if now - started >= timeout:
+                return "; ".join(answers.values())
+        elif now - answered >= unreachable_timeout:
+            raise HareMQError(
+                f"haremq source: cannot ask any node whether consumer session {session_id} is gone "
+                f"(no answer for {unreachable_timeout:g}s, reconnectTimeout): " + "; ".join(answers.values()))
         time.sleep(1.0)
 
 

@@ -67,10 +67,15 @@ with the dead run's end offset. The dead session's messages were requeued by the
 its connection dropped, so the replayed batch must be empty. `readBetweenOffsets` does not just
 assume that: each live session holds an exclusive marker queue `haremq.spark.session.<id>`,
 and the executor asks the broker whether it still exists (passive queue.declare: 404 means the
-session is gone and the broker has its messages back). If the session is still alive (which
-would mean Spark lost prefetched rows of the live run, or the old connection is half-open and
-not yet timed out) it waits up to `sessionCheckTimeout` seconds for it to go, then fails the
-task rather than return an empty batch whose commit would ack unread messages.
+session is gone and the broker has its messages back). A session whose node died goes as soon
+as the other members agree that node is down: they delete the exclusive queues of its
+connections and requeue what its channels had not acked, so a job restarted while that node
+stays down is not held up by it. If the session is still alive (which would mean Spark lost
+prefetched rows of the live run, or the old connection is half-open and not yet timed out, or
+its node is down and the cluster has not noticed yet) it waits up to `sessionCheckTimeout`
+seconds for it to go, then fails the task, with what each node answered, rather than return an
+empty batch whose commit would ack unread messages. Nodes that refuse the connection are passed
+over; if none answers for `reconnectTimeout` seconds the task fails naming each one's failure.
 
 Trigger.AvailableNow: `prepareForTriggerAvailableNow` (runner) counts the backlog (buffered
 plus ready in the queue) and `read` stops handing out rows after that many; the idle flush then
@@ -175,7 +180,7 @@ from .amqp import (
     QueueConsumer,
     check_target,
     parse_uris,
-    session_alive,
+    wait_session_gone,
 )
 
 log = logging.getLogger("pipeline.haremq")
@@ -411,12 +416,14 @@ class HareMQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableN
         if start.get("session") == session and int(start.get("tag", 0)) >= int(end.get("tag", 0)):
             return iter([])
         o = self.options
-        if session_alive(parse_uris(o.uri, "source"), session, timeout=o.session_check_timeout,
-                         connect_timeout=o.connect_timeout):
+        held = wait_session_gone(parse_uris(o.uri, "source"), session, timeout=o.session_check_timeout,
+                                 unreachable_timeout=o.reconnect_timeout, connect_timeout=o.connect_timeout)
+        if held is not None:
             raise HareMQError(
                 f"haremq source: Spark asked an executor to re-read the batch {start} -> {end}, but "
-                f"consumer session {session} is still connected, so its messages are not back in "
-                f"queue {o.queue!r}; refusing to return an empty batch whose commit would ack them")
+                f"consumer session {session} is still connected after {o.session_check_timeout:g}s "
+                f"(sessionCheckTimeout), so its messages are not back in queue {o.queue!r}; refusing to "
+                f"return an empty batch whose commit would ack them. The nodes answered: {held}")
         log.warning("haremq source: replayed batch %s -> %s came from a dead session; the broker "
                     "redelivers its messages, so the batch is empty", start, end)
         return iter([])

@@ -715,6 +715,82 @@ def test_consumer_and_publisher_leave_a_hung_node_for_the_next(tmp_path):
         _stop_members(members)
 
 
+def _stale_reader(uri: str, queue: str, **options):
+    """The source's reader as Spark ships it to an executor (pickled, no consumer)."""
+    import pickle
+
+    from haremq.pipeline.datasource import HareMQStreamReader, SourceOptions
+    opts = {"uri": uri, "queue": queue, **{k: str(v) for k, v in options.items()}}
+    return pickle.loads(pickle.dumps(HareMQStreamReader(SourceOptions.parse(opts))))
+
+
+def test_replay_of_a_batch_whose_session_died_with_its_node_is_empty_once_the_node_is_down(tmp_path):
+    """A job and the node its consumer was connected to die together; the node stays down. The
+    restarted job's replay of the dead session's batch must find the session gone (404 for its
+    marker queue) as soon as the others agree the node is down, not wait for the node's return
+    (a passive declare of an exclusive queue of a dead node's connection answered 405 forever)."""
+    if REF_PORT:
+        pytest.skip("controls node processes")
+    from haremq.pipeline.amqp import QueueConsumer
+    members = _ha_cluster(tmp_path)
+    hare1, hare2, hare3 = members
+    try:
+        src = _name("replay.in")
+        _declare(hare2.url, src)                         # mastered on hare2, read through hare1
+        _fill(hare2.url, src, [f"r-{i}".encode() for i in range(50)])
+        _synchronised(members, src)
+        consumer = QueueConsumer(parse_uris(hare1.url, "test"), src, prefetch=50, connect_timeout=2,
+                                 reconnect_timeout=0)
+        consumer.start()
+        session = consumer.live_session()
+        taken = _take_all(consumer, 50, 30)
+        assert len(taken) == 50
+        hare1.kill9()
+        t0 = time.monotonic()
+        reader = _stale_reader(f"{hare1.url},{hare2.url},{hare3.url}", src, sessionCheckTimeout=30,
+                               connectTimeout=2)
+        rows = list(reader.readBetweenOffsets({"session": "", "tag": 0},
+                                              {"session": session, "tag": taken[-1][1].tag}))
+        took = time.monotonic() - t0
+        back = wait_until(lambda: _count([hare2.url], src) == 50, 30)
+        print(f"\nreplayed batch of a session on a dead node: empty after {took:.1f}s; its 50 messages back")
+        assert rows == [] and back
+        assert took < 15, f"the replay check took {took:.1f}s"
+    finally:
+        _stop_members(members)
+
+
+def test_replay_check_tells_what_each_node_answered(node, tmp_path):
+    """A live session's batch re-read (its marker queue held: 405) and a first node that refuses
+    the connection: after sessionCheckTimeout the task fails naming both answers. With no node
+    answering at all it fails after reconnectTimeout (not sessionCheckTimeout), naming why."""
+    from haremq.pipeline.amqp import HareMQError, QueueConsumer
+    src = _name("check.in")
+    _declare(node.url, src)
+    consumer = QueueConsumer(parse_uris(node.url, "test"), src, prefetch=10)
+    consumer.start()
+    dead = f"amqp://guest:guest@127.0.0.1:{_free_port()}/%2F"
+    try:
+        end = {"session": consumer.live_session(), "tag": 5}
+        with pytest.raises(HareMQError) as held:
+            _stale_reader(f"{dead},{node.url}", src, sessionCheckTimeout=2).readBetweenOffsets(
+                {"session": "", "tag": 0}, end)
+        text = str(held.value)
+        assert "is still connected after 2s (sessionCheckTimeout)" in text, text
+        assert "connection refused" in text and ("405" in text or "exists" in text), text
+    finally:
+        consumer.stop()
+    t0 = time.monotonic()
+    with pytest.raises(HareMQError) as unreachable:
+        _stale_reader(dead, src, reconnectTimeout=2, connectTimeout=1).readBetweenOffsets(
+            {"session": "", "tag": 0}, {"session": "0123abcd", "tag": 5})
+    took = time.monotonic() - t0
+    text = str(unreachable.value)
+    assert "cannot ask any node whether consumer session 0123abcd is gone" in text, text
+    assert "connection refused" in text and "guest:guest" not in text, text
+    assert took < 15, f"gave up after {took:.1f}s, not reconnectTimeout (2 s)"
+
+
 # --------------------------------------------------------------------------- rows and routing
 
 def test_rows_carry_the_message_and_routing_key_column_overrides(spark, node, tmp_path):
