@@ -130,6 +130,19 @@ class Raft:
         The replies among the messages are returned, for the call being answered."""
         if ready.leadership_lost:
             self._fail_waiters("leadership lost")
+        # The writes and the applying run to their end even if the caller is cancelled (a gRPC
+        # deadline on a handler): the machine counts the step taken already, so a later step's
+        # write must never land before this one's, nor be acknowledged while it is on no disk.
+        await asyncio.shield(self._tasks.spawn(self._persist(ready)))
+        replies = []
+        for message in ready.messages:
+            if isinstance(message, (VoteReply, AppendReply)):
+                replies.append(message)
+            else:
+                self._tasks.spawn(self._call(message))
+        return replies
+
+    async def _persist(self, ready: Ready) -> None:
         async with self._io:
             # Checked under the lock: a step taken before an earlier step's write failed is
             # carried out after it, and may promise what that write was to make durable.
@@ -142,13 +155,6 @@ class Raft:
             except Exception as exc:  # noqa: BLE001 - whatever it was, memory and disk now differ
                 self._storage_failed(exc)
             self._apply(ready.committed)
-        replies = []
-        for message in ready.messages:
-            if isinstance(message, (VoteReply, AppendReply)):
-                replies.append(message)
-            else:
-                self._tasks.spawn(self._call(message))
-        return replies
 
     async def _carry_out_quietly(self, ready: Ready) -> None:
         """_carry_out for a step nobody waits on: after a storage failure it is dropped."""

@@ -250,3 +250,40 @@ def test_a_node_whose_raft_log_cannot_be_written_stops_with_status_1(tmp_path):
         assert node.log_text().splitlines()[-1].startswith("haremq: raft storage failed in ")
     finally:
         node.kill9()
+
+
+class SlowDisk(RaftStorage):
+    """Each log append takes `delay` seconds in its thread (a slow or busy disk)."""
+
+    delay = 0.0
+
+    def write(self, write):
+        import time
+        time.sleep(self.delay)
+        super().write(write)
+
+
+def test_a_follower_append_cancelled_mid_write_leaves_no_gap_and_acknowledges_nothing_off_disk(tmp_path):
+    """A gRPC deadline cancels the handler of an AppendEntries while its write is in progress (a
+    loaded machine, a slow disk). The machine holds the entry already: the next append (its
+    successor) must neither be written before it nor be acknowledged while it is on no disk."""
+    async def scenario():
+        storage = SlowDisk(tmp_path / "raft")
+        raft = Raft("hare2", Members("hare2", ["hare1", "hare3"]), storage, lambda i, c: None)
+        ok = await raft.on_append_entries(pb.AppendRequest(term=1, leader="hare1", prev_log_index=0,
+                                                           entries=[entry(1, 1)], leader_commit=0))
+        assert ok.success
+        storage.delay = 0.3
+        first = asyncio.ensure_future(raft.on_append_entries(pb.AppendRequest(
+            term=1, leader="hare1", prev_log_index=1, prev_log_term=1, entries=[entry(2, 1)], leader_commit=1)))
+        await asyncio.sleep(0.05)
+        first.cancel()                       # the leader's deadline: the entry is held in memory only
+        storage.delay = 0.0
+        second = await raft.on_append_entries(pb.AppendRequest(
+            term=1, leader="hare1", prev_log_index=2, prev_log_term=1, entries=[entry(3, 1)], leader_commit=1))
+        lines = [json.loads(line)["i"] for line in (tmp_path / "raft" / "log.jsonl").read_text().splitlines()]
+        return second, lines
+    second, lines = asyncio.run(scenario())
+    assert lines == [1, 2, 3], f"the log file holds entries {lines}"
+    assert second.success and second.match_index == 3
+    RaftStorage(tmp_path / "raft")           # and it loads
