@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from haremq.node.broker.queue import is_quorum  # noqa: F401 - the mirroring code asks it here
-
 def mirror_nodes(definition: dict | None, home: str, members: list[str]) -> list[str]:
     """The nodes other than `home` that should hold a mirror, in a fixed order."""
     if not definition or "ha-mode" not in definition:

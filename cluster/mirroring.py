@@ -25,9 +25,10 @@ import structlog
 from haremq.node.broker.commands import Command, QueuePromote
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.broker.policy import winning
+from haremq.node.broker.queue import is_quorum
 from haremq.node.tasks import TaskGroup
 
-from .ha import QUORUM_DEFAULTS, HAState, is_quorum, quorum_group
+from .ha import QUORUM_DEFAULTS, HAState, quorum_group
 from .mirror import MirrorQueue
 from .replicator import Replicator
 
