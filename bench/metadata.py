@@ -51,7 +51,6 @@ import pwd
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,21 +60,9 @@ from pathlib import Path
 import aiormq
 from pamqp import commands as pc
 
+from .failover import free_port, port_open
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 def rss_kb(pid: int | None) -> int:

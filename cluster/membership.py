@@ -94,6 +94,24 @@ class _WrongMember(Exception):
     """A ping answered by a member other than the one dialled."""
 
 
+class WatchRounds:
+    """The rounds of a leader's watch (failover, node.down): after a round that came this late
+    (the process was stopped or starved), what it knows of the others is stale until they have
+    been pinged again, so it decides nothing for a failure timeout."""
+
+    STARVED = 0.5
+
+    def __init__(self):
+        self._last = 0.0
+        self._quiet_until = 0.0
+
+    def fresh(self, now: float, timeout: float) -> bool:
+        if now - self._last > self.STARVED:
+            self._quiet_until = now + timeout
+        self._last = now
+        return now >= self._quiet_until
+
+
 class Membership:
     def __init__(self, name: str, peers: dict[str, str], secret: str, failure_timeout: float,
                  on_majority: Callable[[bool], None], tls=None):
@@ -338,6 +356,13 @@ class Membership:
     def down_members(self) -> list[str]:
         now = time.monotonic()
         return [p.name for p in self.peers.values() if not p.is_up(now, self.failure_timeout)]
+
+    def ask_views(self, down: str) -> None:
+        """`down` looks down here but the others have not said so yet: ping them now for their
+        view instead of at their next round (a decision about it waits for a majority's word)."""
+        for name in self.peers:
+            if name != down and self.is_up(name):
+                self.probe(name)
 
     def agreed_down(self, name: str) -> bool:
         """`name` is down as a majority of the members see it (this node and the peers it can

@@ -28,12 +28,12 @@ from haremq.node.broker.policy import winning
 from haremq.node.broker.queue import is_quorum
 from haremq.node.tasks import TaskGroup
 
+from .membership import WatchRounds
 from .ha import QUORUM_DEFAULTS, HAState, quorum_group
 from .mirror import MirrorQueue
 from .replicator import Replicator
 
 TICK = 0.02         # the leader's watch: a promotion follows a master's death within a round
-STARVED = 0.5       # a round this late: the process was stopped or starved, its views are stale
 RESENT_FOR = 60.0        # seconds: publishers' nodes send theirs again within a failover
 STREAM_CATCH_UP = 2.0     # how long a mirror stream waits for this node's log to catch up
 
@@ -57,11 +57,7 @@ class Mirroring:
         # this node brought; their copies are reconciled with this one, not copied again
         self.reconcile_offers: dict[tuple[str, str], tuple[set, int]] = {}
         self.tasks = TaskGroup(f"mirroring {node.name}")   # the ticker, each mirror link's stream
-        self._last_tick = 0.0
-        self._quiet_until = 0.0
-        # replaying the metadata log after a start (cluster/metadata.py): the states are rebuilt
-        # but no replicator, mirror stream or failover acts on them until `replayed()`
-        self.replaying = True
+        self._rounds = WatchRounds()
 
     # ---- what components ask of the node ----------------------------------------------------
     @property
@@ -165,9 +161,14 @@ class Mirroring:
         state.synced = [n for n in state.synced if n in state.mirrors]
         self._take_part(state)
 
+    @property
+    def replaying(self) -> bool:
+        """The node replays the metadata log after a start (cluster/metadata.py): the states are
+        rebuilt but no replicator, mirror stream or failover acts on them until `replayed()`."""
+        return self.cluster.metadata.replaying
+
     def replayed(self) -> None:
         """The log is replayed: take this node's part in every queue, as the log's end says."""
-        self.replaying = False
         for state in list(self.states.values()):
             self._take_part(state)
 
@@ -357,12 +358,7 @@ class Mirroring:
     def _tick(self) -> None:
         now = time.monotonic()
         timeout = self.cluster.config.failure_timeout
-        if now - self._last_tick > STARVED:
-            # this process was stopped or starved: what it knows of the others is stale until
-            # they have been pinged again, so it decides no failover until then
-            self._quiet_until = now + timeout
-        self._last_tick = now
-        if now < self._quiet_until or self.replaying:
+        if not self._rounds.fresh(now, timeout) or self.replaying:
             return
         for replicator in list(self.replicators.values()):
             replicator.tick(now, timeout)
@@ -374,7 +370,7 @@ class Mirroring:
                 continue
             if not membership.agreed_down(state.home):
                 if not membership.is_up(state.home):
-                    self._ask_views(state.home)
+                    membership.ask_views(state.home)
                 continue
             if self._promoting.get(state.key) == state.epoch:
                 continue
@@ -421,13 +417,6 @@ class Mirroring:
             queue.when_safe(fn)
         else:
             fn(True)
-
-    def _ask_views(self, down: str) -> None:
-        """A master looks down here but the others have not said so yet: ping them now for their
-        view instead of at the next round (a failover waits for a majority's word, MIR-4)."""
-        for name in self.cluster.membership.peers:
-            if name != down and self.is_up(name):
-                self.probe(name)
 
     # ---- ctl ---------------------------------------------------------------------------------
     def status(self, vhost: str, name: str) -> dict:

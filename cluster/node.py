@@ -164,14 +164,15 @@ class ClusterNode:
         """This node was forgotten (haremq ctl forget-node): it must not take part any more."""
         if told_by is not None and self.joining:
             return     # not added yet: the others do not know us until our member.add applies
-        if self.on_removed is not None:
-            reason = ("this node was removed from the cluster (haremq ctl forget-node"
-                      + (f", as {told_by} says" if told_by else "") + "); start it on an empty data dir to join again")
-            self.on_removed(reason)
-            self.on_removed = None
+        self._stop_node("this node was removed from the cluster (haremq ctl forget-node"
+                        + (f", as {told_by} says" if told_by else "") + "); start it on an empty data dir to join again")
 
     def _raft_failed(self, reason: str) -> None:
         """Raft could not write its log or vote (fail-stop, cluster/raft.py): the node stops."""
+        self._stop_node(reason)
+
+    def _stop_node(self, reason: str) -> None:
+        """The node stops with `reason` (once)."""
         if self.on_removed is not None:
             self.on_removed(reason)
             self.on_removed = None

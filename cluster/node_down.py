@@ -29,8 +29,9 @@ import structlog
 from haremq.node.broker.commands import NodeDown
 from haremq.node.tasks import TaskGroup
 
+from .membership import WatchRounds
+
 TICK = 0.05          # a node.down follows the majority's agreement within a round
-STARVED = 0.5        # a round this late: the process was stopped or starved, its views are stale
 
 
 class DownWatch:
@@ -40,8 +41,7 @@ class DownWatch:
         self.tasks = TaskGroup(f"down watch {node.name}")     # the ticker
         self._proposing: dict[str, int] = {}     # member -> the return its node.down in flight follows
         self._asked: dict[str, float] = {}       # member -> when the others' views of it were asked for
-        self._last_tick = 0.0
-        self._quiet_until = 0.0
+        self._rounds = WatchRounds()
 
     async def start(self) -> None:
         self.tasks.spawn(self._ticker())
@@ -60,13 +60,8 @@ class DownWatch:
     def _tick(self) -> None:
         now = time.monotonic()
         node = self.cluster
-        if now - self._last_tick > STARVED:
-            # this process was stopped or starved: its views of the others are stale until they
-            # have been pinged again, so it decides nothing until then
-            self._quiet_until = now + node.config.failure_timeout
-        self._last_tick = now
         metadata = node.metadata
-        if now < self._quiet_until or metadata.replaying:
+        if not self._rounds.fresh(now, node.config.failure_timeout) or metadata.replaying:
             return
         membership = node.membership
         if node.raft.role != "leader" or not membership.has_majority:
@@ -79,7 +74,7 @@ class DownWatch:
             if not membership.agreed_down(name):
                 if not membership.is_up(name) and now - self._asked.get(name, 0.0) >= TICK * 4:
                     self._asked[name] = now
-                    self._ask_views(name)
+                    membership.ask_views(name)
                 continue
             self._proposing[name] = since
             self.log.warning("member down as a majority sees it: its connections are gone", member=name)
@@ -88,11 +83,3 @@ class DownWatch:
                 if self._proposing.get(name) == since and (err is not None or not (result or {}).get("down")):
                     self._proposing.pop(name, None)       # tried again on a later round if still due
             node.submit(NodeDown(name, since), done, forward_if_deposed=False)
-
-    def _ask_views(self, down: str) -> None:
-        """A member looks down here but the others have not said so yet: ping them now for their
-        view instead of at the next round."""
-        membership = self.cluster.membership
-        for name in membership.peers:
-            if name != down and membership.is_up(name):
-                membership.probe(name)

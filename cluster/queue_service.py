@@ -21,7 +21,7 @@ from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
 from .codec import message_from_pb, message_to_pb
-from .remote_queue import DISCARD, MAX_BATCH, MOVED, REQUEUE
+from .remote_queue import DISCARD, MOVED, REQUEUE, piled_up
 from .rpc import cluster_pb2 as pb
 
 MAX_PENDING_EVENTS = 2000
@@ -37,8 +37,7 @@ class LinkChannel:
         self.consumers: dict[str, Consumer] = {}
         self.closed = False
         self.starved = False
-        self._confirms = None      # the newest confirm event not yet sent, and the newest event
-        self._last = None
+        self._open_confirm = None  # the newest event, if it is a confirm: more seqs may join it
 
     # the interface a Queue uses towards a channel
     def can_deliver(self) -> bool:
@@ -69,7 +68,7 @@ class LinkChannel:
         return delivery_id
 
     def _emit(self, event) -> None:
-        self._last = None
+        self._open_confirm = None
         self.events.put_nowait(event)
 
     # calls from the client node
@@ -153,14 +152,13 @@ class LinkChannel:
 
     def _confirm(self, seq: int, ok: bool) -> None:
         """Confirms that come together go as one event (a group commit settles many at once)."""
-        pending = self._confirms
-        if pending is not None and pending.ok == ok and self.events.qsize() and self._last is pending:
+        pending = self._open_confirm
+        if pending is not None and pending.ok == ok and self.events.qsize():    # not yet taken to send
             pending.seqs.append(seq)
             return
         event = pb.QueueEvent(confirm=pb.QueueEvent.Confirm(seqs=[seq], ok=ok))
         self._emit(event)
-        self._confirms = event.confirm
-        self._last = event.confirm
+        self._open_confirm = event.confirm
 
     def _durable(self, ok: bool, seq: int) -> None:
         if not self.closed:
@@ -185,7 +183,7 @@ class LinkChannel:
     def end(self) -> None:
         """Close, and end the stream (its client's node is down)."""
         self.close()
-        self.events.put_nowait(None)
+        self._emit(None)
 
 
 class Links:
@@ -264,18 +262,10 @@ async def serve_link(broker, request_iterator, context, links: Links | None = No
             event = await events.get()
             if event is None:
                 break
-            if not events.empty():      # what piled up meanwhile goes as one message
-                batch = [event]
-                while not events.empty() and len(batch) < MAX_BATCH:
-                    event = events.get_nowait()
-                    if event is None:
-                        break
-                    batch.append(event)
-                yield pb.QueueEvent(batch=pb.QueueEvent.Batch(events=batch))
-                if event is None:
-                    break
-            else:
-                yield event
+            batch, ended = piled_up(events, event)      # what piled up meanwhile goes as one message
+            yield batch[0] if len(batch) == 1 else pb.QueueEvent(batch=pb.QueueEvent.Batch(events=batch))
+            if ended:
+                break
             if link.starved and events.qsize() < MAX_PENDING_EVENTS // 2:
                 link.starved = False
                 queue.dispatch()

@@ -62,9 +62,7 @@ async def grow(control: Control, args: dict) -> list:
     for state in _matching(control, args):
         if node in state.group or (args.get("which") == "even" and len(state.group) % 2):
             continue
-        result = await _propose(control, C.QueueMember(state.vhost, state.name, node, True))
-        rows.append({"vhost": state.vhost, "name": state.name, "size": len(state.group),
-                     "result": "ok" if result.get("changed") else "unchanged"})
+        rows.append(await _change(control, state, node, True))
     return rows
 
 
@@ -77,13 +75,20 @@ async def shrink(control: Control, args: dict) -> list:
         if node not in state.group:
             continue
         if len(state.group) == 1 or state.home == node:
-            rows.append({"vhost": state.vhost, "name": state.name, "size": len(state.group),
-                         "result": "error: last member" if len(state.group) == 1 else "error: leader"})
+            rows.append(_row(state, "error: last member" if len(state.group) == 1 else "error: leader"))
             continue
-        result = await _propose(control, C.QueueMember(state.vhost, state.name, node, False))
-        rows.append({"vhost": state.vhost, "name": state.name, "size": len(state.group),
-                     "result": "ok" if result.get("changed") else "unchanged"})
+        rows.append(await _change(control, state, node, False))
     return rows
+
+
+async def _change(control: Control, state, node: str, add: bool) -> dict:
+    """One queue.member entry for grow or shrink, and its row."""
+    result = await _propose(control, C.QueueMember(state.vhost, state.name, node, add))
+    return _row(state, "ok" if result.get("changed") else "unchanged")
+
+
+def _row(state, result: str) -> dict:
+    return {"vhost": state.vhost, "name": state.name, "size": len(state.group), "result": result}
 
 
 async def quorum_status(control: Control, args: dict) -> list:

@@ -85,17 +85,10 @@ class QueueLink:
             call = await calls.get()
             if call is None:
                 return
-            if calls.empty():
-                yield call
-                continue
-            batch = [call]
-            while not calls.empty() and len(batch) < MAX_BATCH:
-                call = calls.get_nowait()
-                if call is None:
-                    yield pb.QueueCall(batch=pb.QueueCall.Batch(calls=batch))
-                    return
-                batch.append(call)
-            yield pb.QueueCall(batch=pb.QueueCall.Batch(calls=batch))
+            batch, ended = piled_up(calls, call)
+            yield batch[0] if len(batch) == 1 else pb.QueueCall(batch=pb.QueueCall.Batch(calls=batch))
+            if ended:
+                return
 
     def send(self, call: pb.QueueCall) -> None:
         if not self.closed:
@@ -237,6 +230,18 @@ class QueueLink:
         if not self.closed:
             self.closed = True
             self.calls.put_nowait(None)
+
+
+def piled_up(items: asyncio.Queue, first) -> tuple[list, bool]:
+    """`first` and whatever else already waits in `items` (MAX_BATCH at most), to go as one
+    message on a link's stream; True if the stream's end (None) was among them."""
+    batch = [first]
+    while not items.empty() and len(batch) < MAX_BATCH:
+        item = items.get_nowait()
+        if item is None:
+            return batch, True
+        batch.append(item)
+    return batch, False
 
 
 def home_prefetch(consumer) -> int:

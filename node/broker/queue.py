@@ -816,12 +816,15 @@ class Queue:
             self.replica.remove_keys(list(self.tail_keys))
         if self.tail and self.store is not None:
             self.store.ack(self.store_id, list(self.tail))
+        self._clear_contents()
+        return count
+
+    def _clear_contents(self) -> None:
         self.ready.clear()
         self.tail.clear()
         self.tail_keys.clear()
         self._tail_expiry.clear()
         self.ready_bytes = self.tail_bytes = 0
-        return count
 
     def purge_from(self, answer: Callable) -> None:
         """queue.purge for a channel: answer(count, error), here at once."""
@@ -846,32 +849,24 @@ class Queue:
         entries = sorted([*self.ready, *self.outstanding.values()], key=_entry_seq)
         ids = [entry.msg_id for entry in entries if entry.msg_id]
         ids.extend(self.tail)
-        self.deleted = True
-        for timer in (self._expiry_timer, self._unused_timer):
-            if timer is not None:
-                timer.cancel()
-        self._expiry_timer = self._unused_timer = None
-        store, cache = self.store, self.dedup
-        if store is not None and cache is not None:       # recovered again, for the next taker
-            if store.id_caches.get(self.store_id) is cache:
-                del store.id_caches[self.store_id]
-            store.recovered_ids[self.store_id] = dict(cache.entries())
-        self.consumers.clear()
-        self._groups = None
-        self.ready.clear()
+        self._retire()
+        if self.store is not None and self.dedup is not None:
+            self.store.give_back_ids(self.store_id, self.dedup)
         self.outstanding.clear()
-        self.tail.clear()
-        self.tail_keys.clear()
-        self._tail_expiry.clear()
-        self.ready_bytes = self.tail_bytes = 0
-        self._returns.clear()
+        self._clear_contents()
         return ids
 
     def mark_deleted(self) -> list[Consumer]:
         """Forget every message; return the consumers to notify with basic.cancel."""
-        self.deleted = True
         if self.dedup is not None and self.store is not None:
             self.store.forget_ids(self.store_id, self.dedup)
+        consumers = self._retire()
+        self.purge()
+        return consumers
+
+    def _retire(self) -> list[Consumer]:
+        """The queue stops here: its timers stop, its consumers (returned) and return counts go."""
+        self.deleted = True
         for timer in (self._expiry_timer, self._unused_timer):
             if timer is not None:
                 timer.cancel()
@@ -879,7 +874,6 @@ class Queue:
         consumers = list(self.consumers)
         self.consumers.clear()
         self._groups = None
-        self.purge()
         self._returns.clear()
         return consumers
 

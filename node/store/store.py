@@ -266,6 +266,13 @@ class MessageStore:
             del self.id_caches[queue_id]
         self.recovered_ids.pop(queue_id, None)
 
+    def give_back_ids(self, queue_id: int, cache) -> None:
+        """A queue let go without deleting it (its node replays the log): its ids count as
+        recovered again, for whichever queue takes the store id next (keep_ids)."""
+        if self.id_caches.get(queue_id) is cache:
+            del self.id_caches[queue_id]
+        self.recovered_ids[queue_id] = dict(cache.entries())
+
     def save_ids(self, queue_id: int, entries, replace: bool) -> None:
         """Log a queue's ids: all of them (replace) or more of them (a mirror's reset)."""
         segment, _off = self._append(rec.dedup_ids(queue_id, entries, replace))
