@@ -359,3 +359,20 @@ def test_exclusive_queues_are_not_written(tmp_path):
         ch.connection.close()
     text = b"".join(meta.log_path(tmp_path / "data", n).read_bytes() for n in meta.log_numbers(tmp_path / "data"))
     assert name.encode() not in text and b"ex.named" not in text and b"ex.durable" in text
+
+
+@pytest.mark.parametrize("logged", ["permissions", "users"])
+def test_users_and_permissions_each_come_back_when_only_one_was_logged(tmp_path, logged):
+    """Each record stands for its own list: a logged permissions change with no users change (a
+    vhost given to guest), or a users change with no permissions change (a new user), restores
+    that list and leaves the other as the broker already has it."""
+    perms = [{"user": "guest", "vhost": "v", "configure": ".*", "write": ".*", "read": ".*"}]
+    users = [{"name": "bob", "password_hash": "x", "hashing_algorithm": "rabbit_password_hashing_sha256",
+              "tags": []}]
+    change = {"op": "permissions", "permissions": perms} if logged == "permissions" else \
+        {"op": "users", "users": users}
+    log_changes(tmp_path, [meta.record(change)])
+    _names, recovered = queues_after_restart(tmp_path)
+    snapshot = recovered.meta
+    assert snapshot[logged] == (perms if logged == "permissions" else users)
+    assert ("users" if logged == "permissions" else "permissions") not in snapshot

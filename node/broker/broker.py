@@ -382,8 +382,9 @@ class Broker(Persistence):
             for u in snapshot["users"]:
                 self.users.add_hashed(u["name"], u["password_hash"], u.get("hashing_algorithm", SHA256),
                                       u.get("tags"))
+        if "permissions" in snapshot:
             self.permissions = {(p["user"], p["vhost"]): Permission(p["configure"], p["write"], p["read"])
-                                for p in snapshot.get("permissions", [])}
+                                for p in snapshot["permissions"]}
         known_ids = set()
         for vname, data in snapshot["vhosts"].items():
             vhost = self.vhosts.get(vname)

@@ -261,9 +261,10 @@ class MetaState:
                 "bindings": [json.loads(raw)["binding"] for raw in vhost.bindings.values()],
                 "policies": json.loads(vhost.policies)["policies"] if vhost.policies is not None else []}
         out = {"vhosts": vhosts, "next_queue_id": self.next_queue_id}
-        if self.users is not None:
+        if self.users is not None:          # each list only as logged: the broker keeps the other
             out["users"] = json.loads(self.users)["users"]
-            out["permissions"] = json.loads(self.permissions)["permissions"] if self.permissions is not None else []
+        if self.permissions is not None:
+            out["permissions"] = json.loads(self.permissions)["permissions"]
         return out
 
     @classmethod
