@@ -314,6 +314,9 @@ class _NodeItself:
     def republish(self, queue, message, _seq) -> None:
         queue.publish(message)
 
+    def get_again(self, _name, _no_ack) -> None:
+        return None      # it publishes only: no basic.get waits for a failover
+
     def consumer_cancelled_by_broker(self, _consumer) -> None:
         return None
 
@@ -329,6 +332,9 @@ class RemoteQueue:
     single_active = False     # x-single-active-consumer is enforced by the home node
     mirrored = False          # set from the metadata log: its consumers survive a failover
     epoch = 0
+    # statistics (QueuePort): the home node counts; a handle here has none of its own
+    published_total = delivered_total = acked_total = 0
+    message_bytes = paged_out = 0
 
     def __init__(self, name: str, vhost: str, home: str, peers, durable: bool = False, exclusive_owner=None,
                  auto_delete: bool = False, arguments: dict | None = None):
@@ -383,6 +389,10 @@ class RemoteQueue:
     @property
     def consumer_count(self) -> int:
         return len(self.consumers)
+
+    @property
+    def dedup_stats(self) -> dict:
+        return {}
 
     def link(self, channel) -> QueueLink:
         link = self._links.get(channel)

@@ -188,6 +188,14 @@ class Queue:
         return len(self.outstanding)
 
     @property
+    def message_bytes(self) -> int:
+        return self.ready_bytes + self.tail_bytes
+
+    @property
+    def paged_out(self) -> int:
+        return len(self.tail)
+
+    @property
     def consumer_count(self) -> int:
         return len(self.consumers)
 
@@ -792,6 +800,9 @@ class Queue:
 
     def prefetch_changed(self, consumer: Consumer) -> None:
         """basic.qos on the consumer's channel: nothing to tell, the channel's cap is read here."""
+
+    def unlink(self, channel, carry: bool = False) -> None:
+        """A channel is done with the queue: a local queue holds no link for it."""
 
     def remove_consumer(self, consumer: Consumer) -> None:
         try:
