@@ -74,12 +74,12 @@ class Replicator:
         self.state = state                # cluster.ha.HAState, changed only by the metadata log
         self.queue = None
         self.seq = 0
-        self.log: list = []               # ops not yet sent on every open stream
-        self.log_start = 1                # sequence of log[0]
+        self.ops: list = []               # ops not yet sent on every open stream
+        self.ops_start = 1                # sequence of ops[0]
         self.links: dict[str, MirrorLink] = {}
         self.waiting: deque = deque()     # (seq, fn, args, since): confirms waiting for mirrors
         self.closed = False
-        self.log_ = mirroring.log.bind(vhost=state.vhost, queue=state.name, epoch=state.epoch)
+        self.log = mirroring.log.bind(vhost=state.vhost, queue=state.name, epoch=state.epoch)
         # promoted: mirrors in sync with the old master, and the newest key this copy brought
         self.reconcile_nodes, self.reconcile_upto = mirroring.reconcile_offers.pop(state.key, (set(), 0))
 
@@ -119,17 +119,17 @@ class Replicator:
     def _push(self, op) -> None:
         self.seq += 1
         if not self.links:
-            self.log_start = self.seq + 1
+            self.ops_start = self.seq + 1
             return
-        self.log.append(op)
+        self.ops.append(op)
         for link in self.links.values():
             link.wake()
 
     def _push_keys(self, kind, keys: list[int]) -> None:
         """Settlements in a row merge into one op while no stream has taken it yet."""
-        log = self.log
-        if log and log[-1].kind == kind and all(link.sent_upto < self.seq for link in self.links.values()):
-            log[-1].keys.extend(keys)
+        ops = self.ops
+        if ops and ops[-1].kind == kind and all(link.sent_upto < self.seq for link in self.links.values()):
+            ops[-1].keys.extend(keys)
             return
         self._push(pb.MirrorOp(kind=kind, keys=keys))
 
@@ -166,14 +166,14 @@ class Replicator:
     def trim(self) -> None:
         streaming = [link.sent_upto for link in self.links.values() if link.streaming]
         upto = min(streaming) if streaming else self.seq
-        drop = upto - self.log_start + 1
-        if drop >= 1024 or (drop > 0 and drop == len(self.log)):
-            del self.log[:drop]
-            self.log_start += drop
+        drop = upto - self.ops_start + 1
+        if drop >= 1024 or (drop > 0 and drop == len(self.ops)):
+            del self.ops[:drop]
+            self.ops_start += drop
 
     def ops_after(self, seq: int) -> list:
-        start = seq + 1 - self.log_start
-        return self.log[start:start + MAX_BATCH_OPS]
+        start = seq + 1 - self.ops_start
+        return self.ops[start:start + MAX_BATCH_OPS]
 
     # ---- confirms (MIR-3) ----------------------------------------------------------------------
     def confirm_nodes(self) -> set[str]:
@@ -327,14 +327,14 @@ class MirrorLink:
         elif not (result or {}).get("synced", True) and not self.closed:
             # refused in log order (the mirror restarted since this stream began, or the queue
             # moved): this stream proves nothing; a fresh one syncs it again
-            self.rep.log_.info("mirror's synced entry refused: streaming to it afresh", mirror=self.node)
+            self.rep.log.info("mirror's synced entry refused: streaming to it afresh", mirror=self.node)
             self.phase = "down"
             self.restart(force_sync=True)
 
     def propose_dropped(self, reason: str) -> None:
         state = self.rep.state
         self.dropping.add(reason)
-        self.rep.log_.warning("dropping mirror from the in-sync set", mirror=self.node, reason=reason)
+        self.rep.log.warning("dropping mirror from the in-sync set", mirror=self.node, reason=reason)
         self.rep.mirroring.submit(QueueMirrorDropped(state.vhost, state.name, self.node, state.epoch),
                                   lambda _ok: self.dropping.discard(reason))
 
@@ -357,11 +357,11 @@ class MirrorLink:
                     raise
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.CANCELLED:
-                    self.rep.log_.info("mirror stream ended", mirror=self.node, code=exc.code().name)
+                    self.rep.log.info("mirror stream ended", mirror=self.node, code=exc.code().name)
             except MirrorRefused as exc:
-                self.rep.log_.info("mirror refused the stream", mirror=self.node, reason=str(exc))
+                self.rep.log.info("mirror refused the stream", mirror=self.node, reason=str(exc))
             except MirrorWantsAll:
-                self.rep.log_.info("mirror cannot be reconciled: syncing it whole", mirror=self.node)
+                self.rep.log.info("mirror cannot be reconciled: syncing it whole", mirror=self.node)
                 self.reconcile_upto = None
             finally:
                 self.streaming = False
@@ -394,7 +394,7 @@ class MirrorLink:
         self.phase = "syncing"
         self.streaming = True
         if self.sync_total:
-            rep.log_.info("reconciling mirror" if reconcile else "syncing mirror", mirror=self.node,
+            rep.log.info("reconciling mirror" if reconcile else "syncing mirror", mirror=self.node,
                           messages=self.sync_total)
         self._event = asyncio.Event()       # a generator of an earlier stream may linger: not woken
         self._stream_id += 1
@@ -415,7 +415,7 @@ class MirrorLink:
                 self.sync_total = self.sync_sent = 0
                 if full:
                     if reader.sent or reconcile:
-                        rep.log_.info("mirror holds the snapshot", mirror=self.node, messages=reader.sent,
+                        rep.log.info("mirror holds the snapshot", mirror=self.node, messages=reader.sent,
                                       reconciled=reconcile)
                     self.caught_up_from(rep.seq)
                     self.force_sync = False
@@ -435,9 +435,7 @@ class MirrorLink:
             found = queue.entries_at(keys)
             if found is not None:
                 return [enqueue_op(seq, message, delivered, expires) for seq, message, delivered, expires in found]
-            written = asyncio.get_running_loop().create_future()
-            queue.store.when_durable(lambda _ok: written.done() or written.set_result(None))
-            await written
+            await _next_write(queue.store)
 
     async def _snapshot_chunks(self, reader):
         """The reset's contents, a chunk at a time; a paged-out message not yet in the file
@@ -447,9 +445,7 @@ class MirrorLink:
         while True:
             chunk = reader.read(SNAPSHOT_BATCH)
             if chunk is None:
-                written = asyncio.get_running_loop().create_future()
-                self.rep.queue.store.when_durable(lambda _ok: written.done() or written.set_result(None))
-                await written
+                await _next_write(self.rep.queue.store)
                 continue
             if not chunk:
                 return
@@ -484,7 +480,7 @@ class MirrorLink:
                 self.sync_sent += len(chunk)
                 n += 1
                 if n % 50 == 0:
-                    rep.log_.info("sync progress", mirror=self.node, sent=self.sync_sent, total=self.sync_total)
+                    rep.log.info("sync progress", mirror=self.node, sent=self.sync_sent, total=self.sync_total)
             yield pb.MirrorBatch(snapshot_done=True)
         while stream_id == self._stream_id:
             if self.fills:
@@ -500,3 +496,10 @@ class MirrorLink:
             ops = rep.ops_after(self.sent_upto)
             self.sent_upto += len(ops)
             yield pb.MirrorBatch(first_seq=first, ops=ops, dedup_size=rep.dedup_size)
+
+
+def _next_write(store) -> asyncio.Future:
+    """Done once the store's next write is durable (a paged-out message is in the file then)."""
+    written = asyncio.get_running_loop().create_future()
+    store.when_durable(lambda _ok: written.done() or written.set_result(None))
+    return written
