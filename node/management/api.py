@@ -372,7 +372,7 @@ class ManagementAPI:
         mirroring = self.cluster.mirroring if self.cluster is not None else None
         for vname, vhost in list(self.broker.vhosts.items()):
             for queue in list(vhost.queues.values()):
-                if (vname, queue.name) not in seen and getattr(queue, "remote", False):
+                if (vname, queue.name) not in seen and queue.remote:
                     status = mirroring.status(vname, queue.name) if mirroring is not None else None
                     rows.append(js.down_queue_row(vname, queue, status))
         for row in rows:

@@ -23,6 +23,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
                                    SummaryMetricFamily)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ..broker.ports import QueuePort
 from .stats import local_queues, node_totals
 from .views import client_sessions
 
@@ -42,13 +43,11 @@ QUEUE_COUNTERS = (
 )
 
 
-def _queue_values(queue) -> dict:
+def _queue_values(queue: QueuePort) -> dict:
     ready, unacked = queue.message_count, queue.unacked
     return {"ready": ready, "unacked": unacked, "messages": ready + unacked,
-            "ready_bytes": getattr(queue, "ready_bytes", 0) + getattr(queue, "tail_bytes", 0),
-            "paged_out": len(getattr(queue, "tail", ())), "consumers": queue.consumer_count,
-            "published": getattr(queue, "published_total", 0), "delivered": getattr(queue, "delivered_total", 0),
-            "acked": getattr(queue, "acked_total", 0)}
+            "ready_bytes": queue.message_bytes, "paged_out": queue.paged_out, "consumers": queue.consumer_count,
+            "published": queue.published_total, "delivered": queue.delivered_total, "acked": queue.acked_total}
 
 
 def store_module():

@@ -16,6 +16,7 @@ import urllib.parse
 
 from ..broker.exchange import Exchange
 from ..broker.policy import winning
+from ..broker.ports import QueuePort
 
 
 def jsonable(value):
@@ -44,11 +45,10 @@ def message_stats(publish: int, deliver_get: int, ack: int, rates=(0.0, 0.0, 0.0
 
 
 # ---- queues ------------------------------------------------------------------------------------
-def queue_row(vname: str, queue, node: str, sampler=None, mirroring: dict | None = None) -> dict:
+def queue_row(vname: str, queue: QueuePort, node: str, sampler=None, mirroring: dict | None = None) -> dict:
     """A queue whose messages live on this node, as /api/queues lists it."""
     ready, unacked = queue.message_count, queue.unacked
-    published, delivered, acked = (getattr(queue, "published_total", 0), getattr(queue, "delivered_total", 0),
-                                   getattr(queue, "acked_total", 0))
+    published, delivered, acked = queue.published_total, queue.delivered_total, queue.acked_total
     rates = sampler.queue_rates(vname, queue.name) if sampler is not None else (0.0, 0.0, 0.0)
     row = {
         "name": queue.name, "vhost": vname, "durable": queue.durable, "auto_delete": queue.auto_delete,
@@ -58,12 +58,11 @@ def queue_row(vname: str, queue, node: str, sampler=None, mirroring: dict | None
         "messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked,
         "messages_details": details(0.0), "messages_ready_details": details(0.0),
         "messages_unacknowledged_details": details(0.0),
-        "message_bytes": getattr(queue, "ready_bytes", 0) + getattr(queue, "tail_bytes", 0),
-        "message_bytes_ready": getattr(queue, "ready_bytes", 0) + getattr(queue, "tail_bytes", 0),
-        "messages_paged_out": len(getattr(queue, "tail", ())),
+        "message_bytes": queue.message_bytes, "message_bytes_ready": queue.message_bytes,
+        "messages_paged_out": queue.paged_out,
         "message_stats": message_stats(published, delivered, acked, rates),
         "exclusive_consumer_tag": None, "single_active_consumer_tag": None,
-        **getattr(queue, "dedup_stats", {}),
+        **queue.dedup_stats,
     }
     row.update(mirroring_fields(node, mirroring))
     return row

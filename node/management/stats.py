@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections import deque
 
+from ..broker.ports import QueuePort
 from ..tasks import TaskGroup
 
 INTERVAL = 5.0          # seconds between samples
@@ -48,13 +49,12 @@ def local_queues(broker):
     """(vhost name, queue) for every queue whose messages live on this node."""
     for vname, vhost in list(broker.vhosts.items()):
         for queue in list(vhost.queues.values()):
-            if not getattr(queue, "remote", False):
+            if not queue.remote:
                 yield vname, queue
 
 
-def queue_counters(queue) -> tuple[int, int, int]:
-    return (getattr(queue, "published_total", 0), getattr(queue, "delivered_total", 0),
-            getattr(queue, "acked_total", 0))
+def queue_counters(queue: QueuePort) -> tuple[int, int, int]:
+    return queue.published_total, queue.delivered_total, queue.acked_total
 
 
 def rate(now_value, then_value, seconds) -> float:
