@@ -11,6 +11,7 @@ import asyncio
 import json
 
 from haremq.node.broker.commands import AdminCallError, BrokerCall, MemberForget, admin_method
+from haremq.node.management.serializers import jsonable
 from haremq.node.protocol.replies import AMQPError
 
 from .rpc import cluster_pb2 as pb
@@ -88,7 +89,7 @@ class Control:
                         rows.append({"name": queue.name, "vhost": vname, "messages": None,
                                      "messages_unacknowledged": None, "consumers": None, "durable": queue.durable,
                                      "auto_delete": queue.auto_delete, "exclusive": queue.exclusive_owner is not None,
-                                     "node": queue.home, "state": "down", "arguments": _jsonable(queue.arguments),
+                                     "node": queue.home, "state": "down", "arguments": jsonable(queue.arguments),
                                      **self._mirroring(vname, queue.name)})
             return sorted(rows, key=lambda r: (r["vhost"], r["name"]))
         rows = []
@@ -100,7 +101,7 @@ class Control:
                              "messages_unacknowledged": queue.unacked, "consumers": queue.consumer_count,
                              "durable": queue.durable, "auto_delete": queue.auto_delete,
                              "exclusive": queue.exclusive_owner is not None, "node": self.node.name,
-                             "state": "running", "arguments": _jsonable(queue.arguments),
+                             "state": "running", "arguments": jsonable(queue.arguments),
                              **queue.dedup_stats, **self._mirroring(vname, queue.name)})
         return rows
 
@@ -145,7 +146,7 @@ class Control:
             for exchange in vhost.exchanges.values():
                 rows.append({"name": exchange.name, "vhost": vname, "type": exchange.type.value,
                              "durable": exchange.durable, "auto_delete": exchange.auto_delete,
-                             "internal": exchange.internal, "arguments": _jsonable(exchange.arguments)})
+                             "internal": exchange.internal, "arguments": jsonable(exchange.arguments)})
         return rows
 
     async def list_bindings(self, args: dict) -> list:
@@ -159,7 +160,7 @@ class Control:
                 for destination, key, arguments in exchange.bindings():
                     rows.append({"source": exchange.name, "vhost": vname, "destination": destination.name,
                                  "destination_type": "exchange" if isinstance(destination, Exchange) else "queue",
-                                 "routing_key": key, "arguments": _jsonable(arguments)})
+                                 "routing_key": key, "arguments": jsonable(arguments)})
         return rows
 
     async def list_connections(self, args: dict) -> list:
@@ -224,7 +225,7 @@ class Control:
         if method is None:
             raise ControlError(f"this node does not support '{args['method']}'")
         if args.get("read"):
-            return _jsonable(method(*args.get("args", [])))
+            return jsonable(method(*args.get("args", [])))
         # a change: through the metadata log, so every member applies it in the same order
         try:
             result = await self.node.propose(BrokerCall(args["method"], list(args.get("args", []))))
@@ -250,16 +251,7 @@ COMMANDS = {
 }
 
 
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
+_jsonable = jsonable      # the name cluster/metadata.py imports it by
 
 
 from . import operations  # noqa: E402,F401  (registers the day-2 commands in COMMANDS)

@@ -20,6 +20,8 @@ from ..broker.ports import QueuePort
 
 
 def jsonable(value):
+    """AMQP values (field tables, arrays, byte strings, timestamps) as JSON holds them: the one
+    conversion for the management API and the control commands."""
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):
