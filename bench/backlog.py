@@ -6,7 +6,9 @@
 Mirrored: three local nodes, a durable queue with `ha-mode: all` homed on hare1, N persistent
 messages published with confirms (window 1000) through hare1; then hare1 is SIGKILLed, a consumer
 on the node of the promoted mirror waits for the first delivery and drains the queue; hare1 is
-restarted meanwhile and syncs again. Plain: one node, the same publish, SIGKILL, restart, drain.
+restarted meanwhile and syncs again. With `--drain-via other` the consumer is on the survivor
+that is not the new master, as a client behind a load balancer often is: every delivery then
+crosses a queue link. Plain: one node, the same publish, SIGKILL, restart, drain.
 
 Every message carries its publish number, so the drain checks that all N come back once and in
 order. Each node's resident memory is sampled every 0.2 s and reported per phase (peak). Figures
@@ -223,7 +225,8 @@ QUEUE = "bench.backlog"
 
 def run(args) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="haremq-backlog-"))
-    result: dict = {"messages": args.messages, "size": args.size, "mode": "plain" if args.plain else "mirrored"}
+    result: dict = {"messages": args.messages, "size": args.size, "mode": "plain" if args.plain else "mirrored",
+                    "drain_via": "master" if args.plain else args.drain_via}
     names = ["hare1"] if args.plain else ["hare1", "hare2", "hare3"]
     cluster = None if args.plain else {n: free_port() for n in names}
     (workdir / "secret").write_text(SECRET)
@@ -250,7 +253,12 @@ def run(args) -> dict:
             consumer_node = master
         else:
             memory.phase = "failover+drain"
-            consumer_node = new_master(nodes[1], nodes, master.name)   # drained where it is now
+            promoted = new_master(nodes[1], nodes, master.name)
+            result["new_master"] = promoted.name
+            if args.drain_via == "master":
+                consumer_node = promoted
+            else:
+                consumer_node = next(n for n in nodes[1:] if n is not promoted)
 
             def restart_later():
                 time.sleep(3)
@@ -276,6 +284,8 @@ def main(argv=None) -> int:
     p.add_argument("--messages", type=int, default=1_000_000)
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--plain", action="store_true", help="one node, no mirrors: kill -9 and recover")
+    p.add_argument("--drain-via", choices=["master", "other"], default="master",
+                   help="mirrored: drain through the new master's node or through the other survivor")
     p.add_argument("--keep", action="store_true", help="keep the data directories and logs")
     p.add_argument("--json", help="write the result to this file")
     args = p.parse_args(argv)

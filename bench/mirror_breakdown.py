@@ -87,7 +87,9 @@ def node_main(out_path: str, argv: list[str]) -> int:
 
 # ---- the bench --------------------------------------------------------------------------------
 class MarkedMember(Member):
-    """A bench/failover member whose process records marks."""
+    """A bench/failover member whose process records marks (`module`'s install_marks)."""
+
+    module = "haremq.bench.mirror_breakdown"
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -98,7 +100,7 @@ class MarkedMember(Member):
         for name, address in self.peers.items():
             argv += ["--peer", f"{name}={address}"]
         log = open(self.workdir / f"{self.name}.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "haremq.bench.mirror_breakdown", "--marks",  # noqa: S603 - ourselves
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, "--marks",  # noqa: S603 - ourselves
                                       str(self.workdir / "marks.json"), "--", *argv],
                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
@@ -135,7 +137,7 @@ async def run(messages: int, size: int, workdir: Path):
     return client_times, marks
 
 
-async def _declared(port: int) -> bool:
+async def _declared(port: int, queue: str = QUEUE) -> bool:
     import aio_pika
     try:
         conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{port}/%2F")
@@ -143,7 +145,7 @@ async def _declared(port: int) -> bool:
         return False
     async with conn:
         ch = await conn.channel()
-        await ch.declare_queue(QUEUE, durable=True)
+        await ch.declare_queue(queue, durable=True)
     return True
 
 
