@@ -186,7 +186,7 @@ class Run:
 
     def rows(self, role: str) -> range:
         x = self.cfg.producers
-        return range(0, x) if role == "producer" else range(x, self.n)
+        return range(x) if role == "producer" else range(x, self.n)
 
     def total(self, field: int, role: str) -> int:
         s = self.shared.slots

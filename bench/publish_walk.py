@@ -77,10 +77,10 @@ async def _trace(port: int, data_dir: Path, rounds: int) -> list[Walk]:
             ch.basic_publish("", "walk", b"x" * 1024, pika.BasicProperties(delivery_mode=2))
         for walk in walks:
             tracing, traced = threading.Event(), threading.Event()
-            loop.call_soon_threadsafe(lambda w=walk: (sys.setprofile(w.profile), tracing.set()))
+            loop.call_soon_threadsafe(lambda w=walk, tracing=tracing: (sys.setprofile(w.profile), tracing.set()))
             tracing.wait()
             ch.basic_publish("", "walk", b"x" * 1024, pika.BasicProperties(delivery_mode=2))
-            loop.call_soon_threadsafe(lambda: (sys.setprofile(None), traced.set()))
+            loop.call_soon_threadsafe(lambda traced=traced: (sys.setprofile(None), traced.set()))
             traced.wait()
         conn.close()
 

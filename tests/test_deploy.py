@@ -682,8 +682,8 @@ def test_helm_cluster_port_speaks_mutual_tls_by_default():
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     assert volumes["cluster-tls"]["secret"]["secretName"] == "t-haremq-cluster-tls"
     (job,) = by_kind(manifests, "Job")
-    for pod, c in ((sts["spec"]["template"]["spec"], container),
-                   (job["spec"]["template"]["spec"], job["spec"]["template"]["spec"]["containers"][0])):
+    for _pod, c in ((sts["spec"]["template"]["spec"], container),
+                    (job["spec"]["template"]["spec"], job["spec"]["template"]["spec"]["containers"][0])):
         assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["cluster-tls"] == "/etc/haremq/cluster-tls"
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["HAREMQ_CLUSTER_TLS_CERT"] == "/etc/haremq/cluster-tls/tls.crt"

@@ -274,7 +274,7 @@ def test_round_robin_between_two_consumers(node, ch):
     publish_n(ch, q, 10)
     wait_until(lambda: cons.process_data_events(0.05) or len(got) == 10, 10)
     # pika dispatches per channel, so order by message index, not arrival
-    by_index = dict((int(body[1:]), w) for w, body in got)
+    by_index = {int(body[1:]): w for w, body in got}
     assert sorted(by_index) == list(range(10))
     who = [by_index[i] for i in range(10)]
     assert who.count("a") == 5 and who.count("b") == 5

@@ -118,7 +118,7 @@ def test_every_confirmed_message_survives_kill9_at_random_moments(store_node):
     confirmed: list[int] = []
     rng = random.Random(7)
     next_id = 0
-    for round_ in range(3):
+    for _round in range(3):
         stop = threading.Event()
 
         def publish(start):
@@ -226,7 +226,7 @@ def test_lone_publisher_waits_one_fsync_and_many_share(tmp_path):
             stats = node.store.stats
             before, before_on_loop = stats["fsyncs"], stats["synced_on_loop"]
             t0 = time.perf_counter()
-            for i in range(100):
+            for _ in range(100):
                 await ch.default_exchange.publish(aio_pika.Message(b"x", delivery_mode=2), "st.gc")
             lone = (time.perf_counter() - t0) / 100
             lone_fsyncs = stats["fsyncs"] - before
@@ -342,7 +342,7 @@ def test_disk_full_nacks_blocks_publishers_and_keeps_consumers(tmp_path):
         ch.queue_declare("st.full", durable=True)
         confirmed = 0
         nacked = False
-        for i in range(20000):
+        for _ in range(20000):
             try:
                 ch.basic_publish("", "st.full", b"f" * 1000, properties=PERSISTENT)
                 confirmed += 1

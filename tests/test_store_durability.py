@@ -141,7 +141,7 @@ def test_a_delivered_message_moved_by_compaction_comes_back_redelivered(tmp_path
         store = MessageStore(tmp_path, segment_size=64 << 10)
         store.open()
         kept = store.enqueue(QUEUE, b"\x00", b"\x01q", b"", b"kept")
-        plain = store.enqueue(QUEUE, b"\x00", b"\x01q", b"", b"plain")
+        store.enqueue(QUEUE, b"\x00", b"\x01q", b"", b"plain")
         store.deliver(QUEUE, kept)
         filler = [store.enqueue(QUEUE, b"\x00", b"\x01q", b"", bytes(1000)) for _ in range(100)]
         await durable(store)

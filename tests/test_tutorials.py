@@ -84,7 +84,7 @@ def test_pika_2_work_queues(nodes):
         ch.queue_declare(queue, durable=True)
         ch.basic_qos(prefetch_count=1)
         workers.append((conn, ch, []))
-    for conn, ch, got in workers:
+    for _conn, ch, got in workers:
         ch.basic_consume(queue, lambda c, m, _p, b, got=got: (got.append(b), c.basic_ack(m.delivery_tag)))
 
     def done():

@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
                 old = (HERE / name).read_text().splitlines() if (HERE / name).exists() else []
                 if new != old:
                     drift.append(name)
-                    sys.stdout.writelines(l + "\n" for l in difflib.unified_diff(old, new, name, name, n=1))
+                    sys.stdout.writelines(line + "\n" for line in difflib.unified_diff(old, new, name, name, n=1))
             if drift:
                 print(f"generated modules drifted from {PROTO.name}: {', '.join(drift)}")
                 return 1

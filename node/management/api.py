@@ -700,7 +700,7 @@ class ManagementAPI:
             [m["name"] for m in self.cluster.membership.status()]
         return {"name": name, "description": "Default virtual host" if name == "/" else "", "tags": [],
                 "metadata": {"description": "", "tags": []}, "tracing": False,
-                "cluster_state": {n: "running" for n in nodes}}
+                "cluster_state": dict.fromkeys(nodes, "running")}
 
     async def vhosts(self, request) -> web.Response:
         caller = request["caller"]
