@@ -78,6 +78,7 @@ LOC_MASK = (1 << QUEUE_SHIFT) - 1
 
 
 def _segment_of(loc: int) -> int:
+    """The segment a packed location is in (with or without a queue id above it)."""
     return (loc & LOC_MASK) >> 73
 
 
@@ -501,7 +502,7 @@ class MessageStore:
             return 0
         if self.live_bytes.get(oldest, 0) > COMPACT_LIVE_FRACTION * self.segment_size:
             return 0
-        moving = [m for m, loc in self.index.items() if (loc >> 73) == oldest and self.is_durable(m)]
+        moving = [m for m, loc in self.index.items() if _segment_of(loc) == oldest and self.is_durable(m)]
         for msg_id in moving:
             segment, offset, length, delivered = _unpack(self.index[msg_id])
             record = os.pread(self._read_fd(segment), length, offset)
@@ -587,7 +588,7 @@ class MessageStore:
             queue_id = loc >> QUEUE_SHIFT
             loc &= LOC_MASK
             where[msg_id] = loc
-            segment = loc >> 73
+            segment = _segment_of(loc)
             live[segment] += 1
             live_bytes[segment] += (loc >> 1) & 0xFFFFFFFF
             queues[queue_id].append(msg_id)
@@ -612,6 +613,7 @@ class MessageStore:
         seeds, crc32 = rec.CRC_SEEDS, zlib.crc32
         enqueue, deliver, ack, transient = rec.ENQUEUE, rec.DELIVER, rec.ACK, rec.FLAG_TRANSIENT
         flag_dedup = rec.FLAG_DEDUP
+        segment_of = _segment_of
         seg_bits = segment << 40
         pos = 0
         while pos + header_size <= size:
@@ -633,8 +635,9 @@ class MessageStore:
                     delivered = flags & 1
                     if earlier is not None:        # a copy made by compaction: delivered if the original was
                         delivered |= earlier & 1
-                        if (earlier & LOC_MASK) >> 73 != segment:
-                            refs[segment].add((earlier & LOC_MASK) >> 73)
+                        other = segment_of(earlier)
+                        if other != segment:
+                            refs[segment].add(other)
                     where[msg_id] = queue_id << QUEUE_SHIFT | (((seg_bits | pos) << 32 | (end - pos)) << 1) \
                         | delivered
             elif rtype == deliver:
@@ -642,14 +645,17 @@ class MessageStore:
                 hit = where.get(msg_id)
                 if hit is not None:
                     where[msg_id] = hit | 1
-                    if (hit & LOC_MASK) >> 73 != segment:
-                        refs[segment].add((hit & LOC_MASK) >> 73)
+                    other = segment_of(hit)
+                    if other != segment:
+                        refs[segment].add(other)
             elif rtype == ack:
                 _queue_id, msg_ids = rec.parse_acks(view[start:end])
                 for msg_id in msg_ids:
                     hit = where.pop(msg_id, None)
-                    if hit is not None and (hit & LOC_MASK) >> 73 != segment:
-                        refs[segment].add((hit & LOC_MASK) >> 73)
+                    if hit is not None:
+                        other = segment_of(hit)
+                        if other != segment:
+                            refs[segment].add(other)
             else:
                 queue_id, replace, entries = rec.parse_dedup_ids(view[start:end])
                 if replace:
