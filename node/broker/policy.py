@@ -8,8 +8,8 @@ with the highest priority applies. Where a queue has both the `x-` argument
 and the policy key, RabbitMQ's rule decides (rabbit_amqqueue_process,
 `process_args_policy`): the lower of the two for `expires`, `message-ttl`,
 `max-length`, `max-length-bytes` and `delivery-limit`; the queue's own
-argument for `dead-letter-exchange`, `dead-letter-routing-key` and
-`overflow` (and for the deduplication keys `message-deduplication`,
+argument for `dead-letter-exchange`, `dead-letter-routing-key`,
+`dead-letter-strategy` and `overflow` (and for the deduplication keys `message-deduplication`,
 `cache-size` and `cache-ttl`).
 
 Pure data: the vhost keeps its policies and calls `Queue.apply_policy` with
@@ -32,6 +32,7 @@ QUEUE_KEYS = {
     "overflow": _ARG,
     "dead-letter-exchange": _ARG,
     "dead-letter-routing-key": _ARG,
+    "dead-letter-strategy": _ARG,      # quorum queues: node/broker/deadletter.py
     "message-deduplication": _ARG,     # node/broker/deduplication.py
     "cache-size": _ARG,
     "cache-ttl": _ARG,
@@ -93,6 +94,9 @@ def validate(name: str, pattern: str, definition: dict, priority: int, apply_to:
     if not isinstance(definition.get("message-deduplication", False), bool):
         raise PolicyError("Validation failed\n\nmessage-deduplication must be a boolean "
                           f"(got {definition['message-deduplication']!r})")
+    strategy = definition.get("dead-letter-strategy")
+    if strategy is not None and strategy not in ("at-most-once", "at-least-once"):
+        raise PolicyError(f"Validation failed\n\n{strategy!r} is not a valid dead letter strategy")
     overflow = definition.get("overflow")
     if overflow is not None and overflow not in ("drop-head", "reject-publish", "reject-publish-dlx"):
         raise PolicyError(f"Validation failed\n\n{overflow!r} is not a valid overflow value")

@@ -14,6 +14,8 @@ import sys
 from collections import deque
 from typing import Callable
 
+import structlog
+
 from ..protocol.frames import shortstr
 from ..protocol.replies import AMQPError, ReplyCode, vhost_text
 from ..protocol.properties import PropertyView, decode_properties, encode_properties
@@ -34,6 +36,8 @@ SAFE = 1         # in memory, nothing more to wait for
 LOGGED = 2       # safe once the store says the write is durable
 
 HEAD_LIMIT = 8192    # entries a durable queue keeps in memory; the rest wait on disk as ids
+
+log = structlog.get_logger("haremq.queue")
 
 
 class Consumer:
@@ -111,6 +115,9 @@ class Queue:
         self._expiry_at = 0.0
         self._unused_timer = None
         self._returns: dict[Entry, int] = {}     # x-delivery-limit: times each entry came back
+        # at-least-once dead-lettering: entries set aside (kept in `outstanding`, so the store and
+        # the mirrors keep them) until every dead-letter target has them (node/broker/deadletter.py)
+        self.discards: dict[int, Entry] = {}
         self.replica = None                      # cluster.replicator.Replicator while mirrored
         self.dedup: dd.IdCache | None = None     # x-message-deduplication: the ids seen lately
         # counters read by the management API and /metrics (never reset; rates are their deltas)
@@ -131,6 +138,7 @@ class Queue:
         self.dlx = pol.effective(args, policy, "dead-letter-exchange")
         self.dlx_routing_key = pol.effective(args, policy, "dead-letter-routing-key")
         self.dead_letter = self._dead_letter_handler if self.dlx is not None else None
+        self.at_least_once = self._dead_letter_strategy(pol.effective(args, policy, "dead-letter-strategy"))
         if self.ttl is not None:
             self.expiring = True
         self._resolve_dedup(dd.settings(pol.effective(args, policy, "message-deduplication"),
@@ -152,6 +160,53 @@ class Queue:
                 cache.replace(self.store.keep_ids(self.store_id, cache))
         else:
             cache.configure(*conf)
+
+    def _dead_letter_strategy(self, strategy) -> bool:
+        """x-dead-letter-strategy at-least-once, as RabbitMQ 3.10 honours it: on a quorum queue with
+        a dead-letter exchange and x-overflow reject-publish; else at-most-once, and it says why."""
+        if strategy != "at-least-once" or not self.persist_all:
+            return False
+        if self.dlx is None:
+            log.warning(f"Disabling dead-lettering for {self.describe()} despite configured "
+                        f"dead-letter-strategy '{strategy}' because dead-letter-exchange is not configured.")
+            return False
+        if self.overflow != OVERFLOW_REJECT_PUBLISH:
+            log.warning(f"Falling back to dead-letter-strategy at-most-once for {self.describe()} because "
+                        "configured dead-letter-strategy at-least-once is incompatible with effective overflow "
+                        "strategy drop-head. To enable dead-letter-strategy at-least-once, set overflow "
+                        "strategy to reject-publish.")
+            return False
+        return True
+
+    def _let_go_dead(self, entries: list, reason: str, acked: bool = False) -> None:
+        """Entries leave for the dead-letter exchange (or, without one, for good). At least once:
+        set aside until the targets confirm them (dead_lettered)."""
+        if self.dead_letter is not None and self.at_least_once and not self.deleted:
+            outstanding, returns = self.outstanding, self._returns
+            for entry in entries:
+                if entry.seq not in outstanding:    # from the ready list: taken, as a delivery is
+                    outstanding[entry.seq] = entry
+                    if self.replica is not None:
+                        self.replica.deliver(entry)
+                    if entry.msg_id and not entry.redelivered:
+                        self.store.deliver(self.store_id, entry.msg_id)
+                returns.pop(entry, None)
+                self.discards[entry.seq] = entry
+            self.dead_letter(self, [e.message for e in entries], reason, held=entries)
+            return
+        if self.dead_letter is not None:
+            self.dead_letter(self, [e.message for e in entries], reason)
+        if acked:
+            self.settle(entries)
+        else:
+            self._forget(entries)
+
+    def dead_lettered(self, entry: Entry) -> None:
+        """At least once: every target of the dead-letter exchange has confirmed this entry."""
+        if self.discards.get(entry.seq) is entry:
+            del self.discards[entry.seq]
+            if not self.deleted:
+                self._forget((entry,))
 
     def set_dead_letter_handler(self, handler: Callable[["Queue", list, str], None]) -> None:
         """The vhost's dead-lettering; used whenever the queue has a dead-letter exchange."""
@@ -185,7 +240,7 @@ class Queue:
 
     @property
     def unacked(self) -> int:
-        return len(self.outstanding)
+        return len(self.outstanding) - len(self.discards)
 
     @property
     def message_bytes(self) -> int:
@@ -441,9 +496,7 @@ class Queue:
         self._arm_expiry(now)
 
     def _expired(self, entries: list[Entry]) -> None:
-        if self.dead_letter is not None:
-            self.dead_letter(self, [e.message for e in entries], "expired")
-        self._forget(entries)
+        self._let_go_dead(entries, "expired")
 
     def _next_expiry(self) -> float:
         if self.max_priority is not None:
@@ -494,10 +547,11 @@ class Queue:
             self._on_unused(self)
 
     def _would_overflow(self, message: Message) -> bool:
-        if self.max_length is not None and self.message_count >= self.max_length:
+        held = self.discards       # dead letters waiting count, as in a RabbitMQ quorum queue
+        if self.max_length is not None and self.message_count + len(held) >= self.max_length:
             return True
-        if self.max_length_bytes is not None and \
-                self.ready_bytes + self.tail_bytes + len(message.body) > self.max_length_bytes:
+        if self.max_length_bytes is not None and self.ready_bytes + self.tail_bytes + len(message.body) + \
+                (sum(len(e.message.body) for e in held.values()) if held else 0) > self.max_length_bytes:
             return True
         return False
 
@@ -642,9 +696,7 @@ class Queue:
                     entry.message = _with_delivery_count(entry.message, count)
                 keep.append(entry)
         if over:
-            if self.dead_letter is not None:
-                self.dead_letter(self, [e.message for e in over], "delivery_limit")
-            self._forget(over)
+            self._let_go_dead(over, "delivery_limit")
         return keep
 
     # ---- messages out ---------------------------------------------------------
@@ -679,9 +731,10 @@ class Queue:
 
     def reject(self, entries: list[Entry]) -> None:
         """Delivered entries were rejected or nacked without requeue: dead-letter them if we can."""
-        if self.dead_letter is not None and not self.deleted:
-            self.dead_letter(self, [e.message for e in entries], "rejected")
-        self.settle(entries)
+        if self.deleted:
+            self.settle(entries)
+        else:
+            self._let_go_dead(entries, "rejected", acked=True)
 
     def settle(self, entries: list[Entry]) -> None:
         """Delivered entries were acked (or rejected without requeue)."""
@@ -928,7 +981,7 @@ class ContentsReader:
         self.tail_ids = list(queue.tail)        # ids and positions only, not the messages
         self.tail_keys = list(queue.tail_keys)
         self.tail_at = 0                        # how far into them the reading is
-        self.total = queue.message_count + queue.unacked
+        self.total = queue.message_count + len(queue.outstanding)
         self.sent = 0
 
     def read(self, limit: int) -> list | None:

@@ -10,11 +10,8 @@ import base64
 import os
 from typing import Callable
 
-from datetime import datetime, timezone
-
-from ..protocol.properties import decode_properties, encode_properties
 from ..protocol.replies import AMQPError, ReplyCode
-from .message import Message
+from . import deadletter
 from .exchange import BindingArgumentError, Exchange, ExchangeType, route
 from .deduplication import check_args as check_dedup_args
 from .expiry import MAX_TTL_MS
@@ -34,7 +31,8 @@ PREDECLARED = (
 EXCHANGE_ARGS_CHECKED = ("alternate-exchange",)
 QUEUE_ARGS_CHECKED = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow",
                       "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
-                      "x-single-active-consumer", "x-queue-type", "x-queue-mode", "x-delivery-limit")
+                      "x-single-active-consumer", "x-queue-type", "x-queue-mode", "x-delivery-limit",
+                      "x-dead-letter-strategy")
 
 
 def server_name(prefix: str) -> str:
@@ -85,6 +83,7 @@ class VHost:
         self.policies: dict[str, Policy] = {}
         self._headers_exchanges: list[Exchange] = []
         self.on_queue_deleted: Callable[[Queue], None] | None = None
+        self._dead_letter_workers: dict[Queue, deadletter.DeadLetterWorker] = {}   # at-least-once
         for xname, xtype in PREDECLARED:
             self._add_exchange(Exchange(xname, xtype, durable=True, internal=xname == "amq.rabbitmq.trace"))
 
@@ -312,46 +311,22 @@ class VHost:
             policy = winning(self.policies.values(), "queue", queue.name)
             queue.apply_policy(policy.definition if policy is not None else None)
 
-    def dead_letter(self, queue: Queue, messages: list, reason: str) -> None:
+    def dead_letter(self, queue: Queue, messages: list, reason: str, held: list | None = None) -> None:
         """Republish messages a queue lets go (rejected, maxlen, expired, delivery_limit) to its
-        dead-letter exchange, with x-death as RabbitMQ writes it."""
-        exchange = self.exchanges.get(_text(queue.dlx))
-        if exchange is None:
+        dead-letter exchange, with x-death as RabbitMQ writes it (node/broker/deadletter.py). With
+        `held` (the entries, at-least-once) the queue keeps them until every target has them."""
+        if held is None:
+            deadletter.at_most_once(self, queue, messages, reason)
             return
-        dl_key = _text(queue.dlx_routing_key)
-        for message in messages:
-            routing_key = dl_key if dl_key is not None else message.routing_key
-            props = decode_properties(message.props_raw)
-            headers = dict(props.headers or {})
-            deaths = _deaths(headers)
-            for i, death in enumerate(deaths):
-                if not isinstance(death, dict):
-                    continue
-                if _text(death.get("queue")) == queue.name and _text(death.get("reason")) == reason:
-                    count = death.get("count", 1)
-                    death = dict(death, count=(count if isinstance(count, int) else 1) + 1,
-                                 time=datetime.now(timezone.utc).replace(microsecond=0))
-                    deaths.pop(i)
-                    break
-            else:
-                death = {"count": 1, "reason": reason, "queue": queue.name,
-                         "time": datetime.now(timezone.utc).replace(microsecond=0),
-                         "exchange": message.exchange, "routing-keys": [message.routing_key]}
-                if props.expiration:
-                    death["original-expiration"] = props.expiration
-            deaths.insert(0, death)
-            headers["x-death"] = deaths
-            if "x-first-death-reason" not in headers:
-                headers.update({"x-first-death-reason": reason, "x-first-death-queue": queue.name,
-                                "x-first-death-exchange": message.exchange})
-            props.headers = headers
-            props.expiration = None
-            dead = Message(exchange.name, routing_key, encode_properties(props), message.body,
-                           message.persistent, message.priority, None)
-            for target in self.route(exchange, routing_key, headers):
-                if reason != "rejected" and _is_cycle(target.name, deaths):
-                    continue   # a cycle: RabbitMQ drops it for that queue
-                target.publish(dead)
+        worker = self._dead_letter_workers.get(queue)
+        if worker is None:
+            worker = self._dead_letter_workers[queue] = deadletter.DeadLetterWorker(self, queue,
+                                                                                    self._dead_letter_idle)
+        worker.take(held, reason)
+
+    def _dead_letter_idle(self, worker: deadletter.DeadLetterWorker) -> None:
+        if self._dead_letter_workers.get(worker.queue) is worker:
+            del self._dead_letter_workers[worker.queue]
 
     def _auto_delete_queue(self, queue: Queue) -> None:
         """auto-delete (last consumer gone) or x-expires: the queue goes, cluster-wide if clustered."""
@@ -394,46 +369,13 @@ class VHost:
             if exchange.unbind_all(queue):
                 self._maybe_auto_delete(exchange)
         consumers = queue.mark_deleted()
+        worker = self._dead_letter_workers.get(queue)
+        if worker is not None:
+            worker.stop()
         for consumer in consumers:
             consumer.channel.consumer_cancelled_by_broker(consumer)
         if self.on_queue_deleted is not None:
             self.on_queue_deleted(queue)
-
-
-def _text(value):
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _deaths(headers: dict) -> list:
-    """The message's x-death array (copied). A client may have set x-death to anything: as
-    RabbitMQ does (rabbit_basic:prepend_table_header), a value that is not an array moves to
-    the x-invalid-headers table and a new array starts."""
-    value = headers.get("x-death")
-    if value is None:
-        return []
-    if isinstance(value, list):
-        return list(value)
-    invalid = headers.get("x-invalid-headers")
-    if not isinstance(invalid, dict):
-        invalid = {} if invalid is None else {"x-invalid-headers": [invalid]}
-    invalid = dict(invalid)
-    earlier = invalid.get("x-death")
-    invalid["x-death"] = [value, *(earlier if isinstance(earlier, list) else [])]
-    headers["x-invalid-headers"] = invalid
-    return []
-
-
-def _is_cycle(queue_name: str, deaths: list) -> bool:
-    """rabbit_dead_letter:is_cycle/2: the queue is already in the message's x-death and no
-    death since then (itself included) was a reject, so the loop is fully automatic."""
-    for death in deaths:
-        if not isinstance(death, dict):
-            continue
-        if _text(death.get("reason")) == "rejected":
-            return False
-        if _text(death.get("queue")) == queue_name:
-            return True
-    return False
 
 
 def owned_by(queue, owner) -> bool:
@@ -478,7 +420,7 @@ def _validate_queue_type(what: str, arguments: dict, method, durable: bool, excl
     streams are not supported."""
     kind = arguments.get("x-queue-type")
     if kind is None:
-        return
+        kind = "classic"
     if isinstance(kind, bytes):
         kind = kind.decode()
     if not isinstance(kind, str):
@@ -495,6 +437,9 @@ def _validate_queue_type(what: str, arguments: dict, method, durable: bool, excl
         if arguments.get("x-max-priority") is not None:
             raise _err(ReplyCode.PRECONDITION_FAILED,
                        f"invalid arg 'x-max-priority' for {what} of queue type rabbit_quorum_queue", method)
+    elif arguments.get("x-dead-letter-strategy") is not None:
+        raise _err(ReplyCode.PRECONDITION_FAILED,
+                   f"invalid arg 'x-dead-letter-strategy' for {what} of queue type rabbit_classic_queue", method)
 
 
 def _validate_queue_args(what: str, arguments: dict, method, durable: bool, exclusive: bool,
@@ -530,6 +475,14 @@ def _validate_queue_args(what: str, arguments: dict, method, durable: bool, excl
     if arguments.get("x-dead-letter-routing-key") is not None and dlx is None:
         raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-routing-key' for {what}: "
                    "routing_key_but_no_dlx_defined", method)
+    strategy = arguments.get("x-dead-letter-strategy")
+    if strategy is not None:
+        if not isinstance(strategy, (str, bytes)):
+            raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-strategy' for {what}: "
+                       f"{{unacceptable_type,{_field_type(strategy)}}}", method)
+        if (strategy.decode() if isinstance(strategy, bytes) else strategy) not in deadletter.STRATEGIES:
+            raise _err(ReplyCode.PRECONDITION_FAILED,
+                       f"invalid arg 'x-dead-letter-strategy' for {what}: invalid_dlx_strategy", method)
     refused = check_dedup_args(arguments)
     if refused is not None:
         raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg '{refused[0]}' for {what}: {refused[1]}", method)
