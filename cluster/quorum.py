@@ -42,7 +42,24 @@ async def delete_member(control: Control, args: dict) -> dict:
         raise ControlError(f"{args['node']} is not a member of quorum queue '{args['name']}'")
     if len(state.group) == 1:
         raise ControlError(f"{args['node']} is the last member of quorum queue '{args['name']}'")
-    return await _propose(control, C.QueueMember(args["vhost"], args["name"], args["node"], False))
+    return await _remove(control, state, args["node"])
+
+
+async def _remove(control: Control, state, node: str) -> dict:
+    """One member leaves the group. The leader may leave too, as with `rabbitmq-queues
+    delete_member`: first it hands the queue to its oldest synchronised follower that is up (a
+    queue.promote while it still runs: it confirms nothing more, its waiting confirms are nacked
+    for the publishers to send again, and consumers on its node get basic.cancel), then it goes."""
+    if node == state.home:
+        successor = state.successor(control.node.membership.is_up)
+        if successor is None:
+            raise ControlError(f"{node} leads quorum queue '{state.name}' and no synchronised member "
+                               "that is up can take over")
+        result = await _propose(control, C.QueuePromote(state.vhost, state.name, successor, state.epoch + 1,
+                                                        state.epoch))
+        if not (result or {}).get("promoted") or state.home == node:
+            raise ControlError(f"leadership of quorum queue '{state.name}' did not move from {node}; try again")
+    return await _propose(control, C.QueueMember(state.vhost, state.name, node, False))
 
 
 def _matching(control: Control, args: dict):
@@ -68,21 +85,26 @@ async def grow(control: Control, args: dict) -> list:
 
 async def shrink(control: Control, args: dict) -> list:
     """Remove `node` from every quorum queue it is a member of, but where it is the last member
-    or leads the queue (`rabbitmq-queues shrink`; those are reported, not changed)."""
+    (`rabbitmq-queues shrink`; reported, not changed). Where it leads, leadership moves first."""
     node = args["node"]
     rows = []
     for state in _matching(control, args):
         if node not in state.group:
             continue
-        if len(state.group) == 1 or state.home == node:
-            rows.append(_row(state, "error: last member" if len(state.group) == 1 else "error: leader"))
+        if len(state.group) == 1:
+            rows.append(_row(state, "error: last member"))
             continue
-        rows.append(await _change(control, state, node, False))
+        try:
+            result = await _remove(control, state, node)
+        except ControlError as exc:
+            rows.append(_row(state, f"error: {exc}"))
+            continue
+        rows.append(_row(state, "ok" if result.get("changed") else "unchanged"))
     return rows
 
 
 async def _change(control: Control, state, node: str, add: bool) -> dict:
-    """One queue.member entry for grow or shrink, and its row."""
+    """One queue.member entry for grow, and its row."""
     result = await _propose(control, C.QueueMember(state.vhost, state.name, node, add))
     return _row(state, "ok" if result.get("changed") else "unchanged")
 

@@ -5,7 +5,9 @@ scraped; nothing is computed on the data path. Names are RabbitMQ's where the
 meaning is the same (`rabbitmq_queue_messages_ready`, `rabbitmq_connections`,
 `rabbitmq_global_messages_confirmed_total`, `rabbitmq_alarms_*`, ...), so
 existing dashboards and alerts carry over, and `haremq_*` for what is
-HareMQ's own: mirrors and synchronised mirrors per queue, epochs and
+HareMQ's own: mirrors and synchronised mirrors per queue, the members of a
+quorum queue and how many are online (RabbitMQ 3.10's plugin has no such
+series: `haremq_queue_members`, `haremq_queue_members_online`), epochs and
 failovers, sync progress, the store's group commits and fsync time, Raft
 term and leader, and which members this node sees up.
 
@@ -185,9 +187,21 @@ class BrokerCollector:
         progress = GaugeMetricFamily("haremq_queue_sync_progress_ratio",
                                      "Share of the master's contents a syncing mirror has copied",
                                      labels=["vhost", "queue", "mirror"])
-        total_mirrors = total_synced = 0
+        members = GaugeMetricFamily("haremq_queue_members", "Members of a quorum queue (its leader and followers)",
+                                    labels=labels)
+        online = GaugeMetricFamily("haremq_queue_members_online",
+                                   "Members of a quorum queue on nodes this node sees up", labels=labels)
+        up = set(membership.up_members())
+        total_mirrors = total_synced = total_members = total_online = 0
         for vname, queue in queues:
             state = mirroring.states.get((vname, queue.name))
+            if state is not None and state.group is not None:
+                count, count_online = len(state.group), sum(1 for n in state.group if n in up)
+                total_members += count
+                total_online += count_online
+                if per_queue:
+                    members.add_metric([vname, queue.name], count)
+                    online.add_metric([vname, queue.name], count_online)
             if state is None or not state.mirrors:
                 continue
             total_mirrors += len(state.mirrors)
@@ -203,6 +217,10 @@ class BrokerCollector:
         if not per_queue:
             mirrors.add_metric([], total_mirrors)
             synced.add_metric([], total_synced)
+            members.add_metric([], total_members)
+            online.add_metric([], total_online)
+        yield members
+        yield online
         yield mirrors
         yield synced
         yield epoch
