@@ -22,13 +22,12 @@ from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
 from .codec import message_from_pb, message_to_pb
+from .remote_failover import PARK_TIMEOUT, TICK, Act, FailoverWatch
 from .rpc import cluster_pb2 as pb
 
 ACK, REQUEUE, DISCARD = 0, 1, 2
 MOVED = 0       # QueueEvent.Error code: the queue's master is elsewhere now (a failover)
-PARK_TIMEOUT = 10.0   # how long a call on a mirrored queue waits for a new master
 HELD_MAX = 100_000    # publishes held per queue while its master fails over; beyond, nacked
-BLIP = 1.0            # a home seen up again this long after its stream broke did not die
 MAX_BATCH = 1000      # calls (or events) sent as one message on a link's stream, at most
 ACKED_KEYS = 20_000   # keys a node remembers its clients acked, to know a failover's redeliveries
 
@@ -356,12 +355,11 @@ class RemoteQueue:
         self.on_home_lost = None
         self.can_fail_over = lambda: True   # set from the log: a mirror that may take over is up
         self._links: dict[object, QueueLink] = {}
-        self._parked: list = []       # calls waiting for a failover
+        self._parked: dict[int, tuple] = {}   # token -> (channel, retry, err, fail): calls waiting for a failover
         self._held: dict[object, list] = {}   # channel -> [(seq, message)] waiting for a new master
         self._held_count = 0
-        self.failing_since = 0.0      # a stream to the home broke (mirrored queue): no new links
-        self._held_timer = None
-        self._home_timer = None
+        self.watch = FailoverWatch()  # a stream to the home broke (mirrored queue): no new links meanwhile
+        self._tick_timer: asyncio.TimerHandle | None = None
         # deliveries across a failover (MIR-8): keys this node's clients acked (key -> epoch),
         # old deliveries they still hold (key -> entry), and redeliveries of those by the new
         # master kept back until the client settles the old one (key -> (link, id))
@@ -446,32 +444,13 @@ class RemoteQueue:
     def failing_over(self) -> None:
         """A stream to the home broke: until a failover (or the home answers again) no new link
         is opened to it, so nothing more is sent where it may be lost."""
-        if not self.failing_since:
-            loop = asyncio.get_running_loop()
-            self.failing_since = loop.time()
+        if self.watch.broke(asyncio.get_running_loop().time()):
             if self.on_home_lost is not None:
                 self.on_home_lost(self.home)
-            loop.call_later(BLIP, self._still_failing, self.failing_since)
-
-    def _still_failing(self, since: float) -> None:
-        """No failover came and the home answers again (its stream broke, the node lives): what
-        waited for a new master goes back to it."""
-        if self.failing_since != since or self.deleted:
-            return
-        if self._failing():
-            asyncio.get_running_loop().call_later(0.2, self._still_failing, since)
-            return
-        self.flush_held()
-        hand_over(self.drop_orphans(), self.add_consumer)
-        self.replay_parked()
+            self._wait()
 
     def _failing(self) -> bool:
-        if not self.failing_since:
-            return False
-        if asyncio.get_running_loop().time() - self.failing_since > BLIP and self.home_up(self.home):
-            self.failing_since = 0.0          # a broken stream, not a dead node: go on with it
-            return False
-        return True
+        return self.watch.failing
 
     def _hold(self, channel, items: list) -> None:
         if not items:
@@ -483,39 +462,52 @@ class RemoteQueue:
             return
         self._held.setdefault(channel, []).extend(items)
         self._held_count += len(items)
-        self._watch_held()
+        self._holding()
 
     def _hold_front(self, channel, items: list) -> None:
         """Publishes a link did not see confirmed: older than any held since, so they go first."""
         if items:
             self._held[channel] = items + self._held.get(channel, [])
             self._held_count += len(items)
-            self._watch_held()
+            self._holding()
 
-    def _watch_held(self) -> None:
-        if self._held_timer is None:
-            loop = asyncio.get_running_loop()
-            self._held_timer = loop.call_later(0.2, self._check_held, loop.time())
+    def _holding(self) -> None:
+        self.watch.holding(asyncio.get_running_loop().time())
+        self._wait()
 
-    def _check_held(self, since: float) -> None:
-        """No failover came: publishes held too long are nacked; if the home answers again
-        (the stream broke but the node lives) they go to it."""
-        self._held_timer = None
-        if not self._held:
+    def _wait(self) -> None:
+        """Tick the failover watch every TICK while it waits for something."""
+        if self._tick_timer is None and self.watch.waiting():
+            self._tick_timer = asyncio.get_running_loop().call_later(TICK, self._tick)
+
+    def _tick(self) -> None:
+        self._tick_timer = None
+        if self.replacement is not None:    # this node masters it now: what waited went there
             return
-        loop = asyncio.get_running_loop()
-        if not self._failing():
-            self.flush_held()
-        elif loop.time() - since > PARK_TIMEOUT or not self.can_fail_over():
-            for channel, seq, _message in self.take_held():
-                if seq:
-                    channel.remote_settled((seq,), False)
-        else:
-            self._held_timer = loop.call_later(0.2, self._check_held, since)
+        now = asyncio.get_running_loop().time()
+        for action in self.watch.tick(now, self.home_up(self.home), self.can_fail_over()):
+            if action.act is Act.GIVE_UP:
+                self._give_up(action.token)
+            elif self.deleted:
+                continue
+            elif action.act is Act.RESUME:      # the stream broke, the node lives: go on with it
+                self.flush_held()
+                hand_over(self.drop_orphans(), self.add_consumer)
+                self.replay_parked()
+            elif action.act is Act.FLUSH_HELD:
+                self.flush_held()
+            elif action.act is Act.NACK_HELD:   # no failover came in time, or none can come
+                for channel, seq, _message in self.take_held():
+                    if seq:
+                        channel.remote_settled((seq,), False)
+            elif action.act is Act.REPLAY_PARKED:
+                self.replay_parked()
+        self._wait()
 
     def take_held(self) -> list:
         """[(channel, seq, message)] held, in each channel's publish order; none are kept."""
         held, self._held, self._held_count = self._held, {}, 0
+        self.watch.released()
         return [(channel, seq, message) for channel, items in held.items() if not channel.closed
                 for seq, message in items]
 
@@ -770,37 +762,24 @@ class RemoteQueue:
         """A mirrored queue's master is down: the call waits for the failover (as a RabbitMQ
         mirrored queue's clients do), and fails with `err` (or fail()) if none comes in time.
         channel None: a call on behalf of no channel in particular."""
-        parked = (channel, retry)
-        self._parked.append(parked)
-        self._watch_home()
+        token = self.watch.park(asyncio.get_running_loop().time(), timeout)
+        self._parked[token] = (channel, retry, err, fail)
+        self._wait()
 
-        def give_up():
-            if parked in self._parked:
-                self._parked.remove(parked)
-                final = err
-                if not self.can_fail_over():      # no in-sync mirror is up: none will take over
-                    final = AMQPError(err.code, f"home node of {self.describe()} is down and no synchronised "
-                                      "mirror can take over", err.class_id, err.method_id)
-                if fail is not None:
-                    fail(final)
-                elif not channel.closed:
-                    channel.session.fail_channel(channel.id, final)
-        asyncio.get_running_loop().call_later(max(0.0, timeout), give_up)
-
-    def _watch_home(self) -> None:
-        if self._home_timer is None:
-            self._home_timer = asyncio.get_running_loop().call_later(0.2, self._home_check)
-
-    def _home_check(self) -> None:
-        """Calls waiting for a failover: the master itself came back (no mirror took over), so
-        they go to it."""
-        self._home_timer = None
-        if not self._parked or self.deleted:
+    def _give_up(self, token: int) -> None:
+        self.watch.unpark(token)
+        parked = self._parked.pop(token, None)
+        if parked is None:
             return
-        if self.home_up(self.home) and not self._failing():
-            self.replay_parked()
-        else:
-            self._watch_home()
+        channel, _retry, err, fail = parked
+        final = err
+        if not self.can_fail_over():      # no in-sync mirror is up: none will take over
+            final = AMQPError(err.code, f"home node of {self.describe()} is down and no synchronised "
+                              "mirror can take over", err.class_id, err.method_id)
+        if fail is not None:
+            fail(final)
+        elif not channel.closed:
+            channel.session.fail_channel(channel.id, final)
 
     def rehome(self, home: str, epoch: int) -> None:
         """A mirror on `home` is the master now: links to the old one end, their unconfirmed
@@ -808,7 +787,7 @@ class RemoteQueue:
         consumers re-attach to it, unless they asked for x-cancel-on-ha-failover."""
         self.home = home
         self.epoch = epoch
-        self.failing_since = 0.0
+        self.watch.moved()
         consumers = self.abandon()
         self.flush_held()
         hand_over(consumers, self.add_consumer)
@@ -816,8 +795,9 @@ class RemoteQueue:
 
     def replay_parked(self) -> None:
         """The failover is done: calls that waited for it go to the new master."""
-        parked, self._parked = self._parked, []
-        for channel, retry in parked:
+        parked, self._parked = self._parked, {}
+        for token, (channel, retry, _err, _fail) in parked.items():
+            self.watch.unpark(token)
             if channel is None or not channel.closed:
                 retry()
 
@@ -846,6 +826,7 @@ class RemoteQueue:
 
     def mark_deleted(self) -> list:
         self.deleted = True
+        self.watch.moved()      # nothing more to wait for, but parked calls' time-outs
         for channel, seq, _message in self.take_held():   # as RabbitMQ: a publish to a queue
             if seq:                                          # deleted meanwhile is confirmed
                 channel.remote_settled((seq,), True)
