@@ -167,6 +167,55 @@ def test_redeliveries_carry_x_delivery_count(node):
     ch.queue_delete(name)
 
 
+def test_a_redelivery_after_the_leaders_death_carries_x_delivery_count(cluster):
+    """A message a consumer on the leader's node held when that node died comes back on the new
+    leader as returned once (x-delivery-count 1, as RabbitMQ counts a consumer's channel going
+    away), and x-delivery-limit goes on counting from there."""
+    hare1, hare2, _hare3 = cluster
+    name, dead = unique_name("qq.held"), unique_name("qq.held.dead")
+    ch = pika_conn(hare1).channel()
+    ch.queue_declare(dead, durable=True, arguments=QUORUM)
+    ch.queue_declare(name, durable=True, arguments={**QUORUM, "x-delivery-limit": 1, "x-dead-letter-exchange": "",
+                                                    "x-dead-letter-routing-key": dead})
+    _synced(hare2, name, ["hare2", "hare3"])
+    ch.confirm_delivery()
+    ch.basic_publish("", name, b"held")
+    method, props, _body = ch.basic_get(name)
+    assert method is not None and "x-delivery-count" not in (props.headers or {})
+    ch.basic_publish("", name, b"after")   # confirmed: the mirrors have heard of the delivery before it
+    hare1.kill9()
+    try:
+        wait_until(lambda: (lambda r: r and r["master"] != "hare1")(queue_row(hare2, name)), timeout=30,
+                   message="no new leader")
+        reader = pika_conn(hare2).channel()
+        method, props, body = wait_until(lambda: (lambda r: r if r[0] else None)(reader.basic_get(name)), timeout=10)
+        assert (body, method.redelivered, props.headers.get("x-delivery-count")) == (b"held", True, 1)
+        reader.basic_nack(method.delivery_tag, requeue=True)     # the second return: over the limit
+        _method, props, body = wait_until(lambda: (lambda r: r if r[0] else None)(reader.basic_get(dead, auto_ack=True)),
+                                          timeout=10)
+        assert (body, props.headers["x-death"][0]["reason"]) == (b"held", "delivery_limit")
+        method, _props, body = reader.basic_get(name, auto_ack=True)
+        assert body == b"after" and not method.redelivered
+    finally:
+        hare1.start(timeout=60)
+
+
+def test_a_redelivery_after_a_restart_carries_x_delivery_count(own_node):
+    ch = pika_conn(own_node).channel()
+    ch.queue_declare("qq.restart", durable=True, arguments=QUORUM)
+    ch.confirm_delivery()
+    ch.basic_publish("", "qq.restart", b"held")
+    assert ch.basic_get("qq.restart")[0] is not None
+    ch.basic_publish("", "qq.restart", b"after")     # confirmed: the delivery is on disk before it
+    own_node.kill9()
+    own_node.start()
+    ch = pika_conn(own_node).channel()
+    method, props, body = ch.basic_get("qq.restart", auto_ack=True)
+    assert (body, method.redelivered, (props.headers or {}).get("x-delivery-count")) == (b"held", True, 1)
+    method, props, body = ch.basic_get("qq.restart", auto_ack=True)
+    assert (body, method.redelivered, (props.headers or {}).get("x-delivery-count")) == (b"after", False, None)
+
+
 def test_a_quorum_queue_delivery_limit_dead_letters_a_poison_message(node):
     ch = pika_conn(node).channel()
     name, dead = unique_name("qq.poison"), unique_name("qq.dead")

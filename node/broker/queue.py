@@ -421,6 +421,8 @@ class Queue:
                 expires = self._deadline(message)
             if expires:
                 self.expiring = True
+            if delivered and self.persist_all:
+                message = _returned(message)
             ready.append(Entry(message, key, delivered, msg_id, expires))
             self.ready_bytes += len(message.body)
         rest = keys[head:]
@@ -626,6 +628,8 @@ class Queue:
                 ttl = message.expiration
             expires = self._restored_at + ttl / 1000.0
             self.expiring = True
+        if delivered and self.persist_all:
+            message = _returned(message)
         return Entry(message, seq, delivered, msg_id, expires)
 
     def restore(self, messages) -> None:
@@ -687,7 +691,10 @@ class Queue:
         returns = self._returns
         keep, over = [], []
         for entry in entries:
-            count = returns.get(entry, 0) + 1
+            count = returns.get(entry)
+            if count is None:      # a quorum queue's count survives a failover in the header
+                count = _delivery_count(entry.message) if self.persist_all else 0
+            count += 1
             if limit is not None and count > limit:
                 over.append(entry)
             else:
@@ -952,6 +959,22 @@ def _with_delivery_count(message: Message, count: int) -> Message:
                    message.routing_key_raw)
     copy.publish_id = message.publish_id
     return copy
+
+
+def _delivery_count(message: Message) -> int:
+    """The x-delivery-count a quorum queue gave the message (0 if none)."""
+    try:
+        count = PropertyView(message.props_raw).headers().get("x-delivery-count")
+    except AMQPError:
+        return 0
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+
+
+def _returned(message: Message) -> Message:
+    """A quorum queue's message that was out when its master died or its node restarted: back in
+    the queue as a redelivery, it counts as returned once more (x-delivery-count), as RabbitMQ's
+    count grows when a consumer's channel goes away with it."""
+    return _with_delivery_count(message, _delivery_count(message) + 1)
 
 
 def is_quorum(arguments: dict | None) -> bool:
