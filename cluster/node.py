@@ -57,7 +57,8 @@ class ClusterNode:
         self.control = Control(self)
         self.metadata = MetadataMachine(name, broker, lambda n: self.membership.peers.get(n),
                                         self.membership.metadata, self.membership.is_up)
-        self.raft = Raft(name, self.membership, RaftStorage(Path(data_dir) / "raft", name), self.metadata.apply)
+        self.raft = Raft(name, self.membership, RaftStorage(Path(data_dir) / "raft", name), self.metadata.apply,
+                         self.metadata)
         self.mirroring = Mirroring(self)
         self.metadata.mirroring = self.mirroring
         self.links = Links()             # queue links open here, by their clients' node

@@ -6,8 +6,20 @@ order, and must survive the loss of a minority without two nodes ever
 disagreeing about a queue's home. Raft gives exactly that with a leader
 that commits an entry once a majority has it on disk; it is small enough to
 read in one sitting, and its election rule (only a node with every committed
-entry can win) is what makes a failover safe. Log compaction is not needed
-yet: metadata changes are few.
+entry can win) is what makes a failover safe.
+
+The log is compacted (Raft's section 7): once SNAPSHOT_ENTRIES entries (or as
+many as the last snapshot held records, if more) were applied since the last
+snapshot, the state machine's state is captured on the loop (plain values),
+encoded and written off it (cluster/raft_storage.py: write, fsync, rename,
+directory fsync), and the log file is cut before it. A restart loads the
+snapshot and replays only the entries after it. A follower whose next entry
+the leader has compacted away gets the snapshot (InstallSnapshot); one that
+is still replaying its log after a start loads it as history, as it would
+have replayed those entries. A node serving clients cannot swap its state
+under them: it stops, with the snapshot on its disk, to be started again and
+load it then (cluster/metadata.py `restore`). The threshold is
+HAREMQ_RAFT_SNAPSHOT_ENTRIES in the environment (default 10,000).
 
 A node that comes back (restarted, resumed after a stop, or out of a
 partition) must not depose a leader the majority still follows, so an
@@ -40,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Callable
 
@@ -50,15 +63,21 @@ from haremq.node.broker.commands import MemberAdd, MemberForget
 from haremq.node.tasks import TaskGroup
 
 from .raft_machine import ELECTION_MIN, HEARTBEAT, VOTE_TIMEOUT, ChangePending, NotLeader, RaftMachine
-from .raft_messages import AppendReply, AppendRequest, Entry, Ready, VoteReply, VoteRequest
-from .raft_storage import RaftStorage
+from .raft_messages import AppendReply, AppendRequest, Entry, Ready, SnapshotRequest, VoteReply, VoteRequest
+from .raft_storage import RaftStorage, RaftStorageError, snapshot_header
 from .rpc import cluster_pb2 as pb
 
 __all__ = ["ELECTION_MIN", "HEARTBEAT", "NotLeader", "PROPOSE_TIMEOUT", "Raft", "RaftStorage", "StorageFailed"]
 
 PROPOSE_TIMEOUT = 10.0
 APPEND_TIMEOUT = 1.0
+SNAPSHOT_TIMEOUT = 60.0     # an InstallSnapshot call: the transfer, a write and fsync, loading it
+SNAPSHOT_ENTRIES = int(os.environ.get("HAREMQ_RAFT_SNAPSHOT_ENTRIES", "10000"))
 MEMBERSHIP_CHANGES = frozenset({MemberAdd.op, MemberForget.op})   # one at a time (raft_machine.py)
+
+
+class SnapshotRefused(Exception):
+    """The state machine cannot load a snapshot now (it serves clients from its current state)."""
 
 
 class StorageFailed(NotLeader):
@@ -68,14 +87,23 @@ class StorageFailed(NotLeader):
 
 class Raft:
     def __init__(self, name: str, membership, storage: RaftStorage,
-                 apply: Callable[[int, bytes], object]):
+                 apply: Callable[[int, bytes], object], state_machine=None):
+        """`state_machine`, for compaction: snapshot() -> (encode, records), where encode() runs
+        in a thread and returns the state as bytes and records is its size; restore(index,
+        state) loads a decoded snapshot (raising SnapshotRefused if it cannot now)."""
         self.name = name
         self.membership = membership
         self.storage = storage
         self.apply = apply
+        self.state_machine = state_machine
+        self.snapshot_every = SNAPSHOT_ENTRIES
+        self._snapshot_records = 0         # the last snapshot's size: the next waits for as many entries
+        self._snapshotting: asyncio.Task | None = None
+        self._snapshot_after = 0           # a snapshot failed: none before this index is applied
+        self.snapshots_taken = 0
         self.log = structlog.get_logger("haremq.raft").bind(node=name)
         self.machine = RaftMachine(name, membership, storage, self.log, time.monotonic())
-        self.last_applied = 0
+        self.last_applied = storage.snapshot_index
         self._waiters: dict[int, asyncio.Future] = {}
         self._io = asyncio.Lock()       # one step's writes, applying and sending at a time, in order
         self._tasks = TaskGroup(f"raft {name}")     # the timer, one task per call to a peer
@@ -90,6 +118,7 @@ class Raft:
 
     # ---- lifetime -----------------------------------------------------------------------
     async def start(self) -> None:
+        await self._load_snapshot()
         try:
             await self._carry_out(self.machine.start(time.monotonic()))
         except StorageFailed:
@@ -98,6 +127,21 @@ class Raft:
 
     async def stop(self) -> None:
         await self._tasks.close()
+
+    async def _load_snapshot(self) -> None:
+        """At start: the state machine loads the snapshot on disk, if any; the log after it
+        replays as it commits."""
+        body = self.storage.snapshot_body
+        if body is None:
+            return
+        self.storage.snapshot_body = None
+        started = time.monotonic()
+        state = await asyncio.to_thread(json.loads, body)
+        if self.state_machine is not None:
+            self.state_machine.restore(self.storage.snapshot_index, state)
+        self._snapshot_records = _records(state)
+        self.log.info("raft snapshot loaded", index=self.storage.snapshot_index, bytes=len(body),
+                      entries_after=len(self.storage.entries), seconds=round(time.monotonic() - started, 3))
 
     async def _run(self) -> None:
         """The timer: tick the machine, often when the leader is gone (it is our turn soon)."""
@@ -150,11 +194,17 @@ class Raft:
             try:
                 if ready.hard_state is not None:
                     await asyncio.to_thread(self.storage.save_state, *ready.hard_state)
+                if ready.snapshot is not None:
+                    snap = ready.snapshot
+                    await asyncio.to_thread(self.storage.install_snapshot, snap.last_index, snap.last_term, snap.data)
                 for write in ready.log_writes:
                     await asyncio.to_thread(self.storage.write, write)
             except Exception as exc:  # noqa: BLE001 - whatever it was, memory and disk now differ
                 self._storage_failed(exc)
+            if ready.snapshot is not None:
+                await self._install(ready.snapshot)
             self._apply(ready.committed)
+            self._maybe_snapshot()
 
     async def _carry_out_quietly(self, ready: Ready) -> None:
         """_carry_out for a step nobody waits on: after a storage failure it is dropped."""
@@ -179,13 +229,24 @@ class Raft:
             self.on_failure(f"raft storage failed in {self.storage.directory}: {reason}")
         raise StorageFailed(f"raft storage failed: {reason}") from exc
 
-    async def _call(self, request: VoteRequest | AppendRequest) -> None:
+    async def _call(self, request: VoteRequest | AppendRequest | SnapshotRequest) -> None:
         """One request to a peer; its answer (or that there was none) goes back to the machine."""
         peer = self.membership.peers.get(request.to)
         answer = None
         try:
             if peer is None or peer.stub is None:
                 pass        # not a member any more
+            elif isinstance(request, SnapshotRequest):
+                blob = await asyncio.to_thread(self.storage.read_snapshot)
+                if blob is not None:
+                    index, term, _body = snapshot_header(blob)
+                    request = SnapshotRequest(request.to, request.term, request.leader, index, term,
+                                              request.leader_commit)
+                    self.log.info("raft snapshot sent", to=request.to, index=index, bytes=len(blob))
+                    answer = await peer.stub.InstallSnapshot(
+                        pb.SnapshotRequest(term=request.term, leader=request.leader, last_index=index, last_term=term,
+                                           leader_commit=request.leader_commit, data=blob),
+                        timeout=SNAPSHOT_TIMEOUT, metadata=self.membership.metadata())
             elif isinstance(request, VoteRequest):
                 answer = await peer.stub.RequestVote(vote_request_pb(request), timeout=VOTE_TIMEOUT,
                                                      metadata=self.membership.metadata())
@@ -201,6 +262,9 @@ class Raft:
             ready = self.machine.on_unreachable(request, now)
         elif isinstance(request, VoteRequest):
             ready = self.machine.on_vote_reply(request, VoteReply(request.to, answer.term, answer.granted), now)
+        elif isinstance(request, SnapshotRequest):
+            ready = self.machine.on_snapshot_reply(
+                request, AppendReply(request.to, answer.term, answer.success, answer.match_index), now)
         else:
             ready = self.machine.on_append_reply(
                 request, AppendReply(request.to, answer.term, answer.success, answer.match_index), now)
@@ -226,6 +290,83 @@ class Raft:
                                request.leader_commit)
         [reply] = await self._carry_out(self.machine.on_append_request(append, time.monotonic()))
         return pb.AppendReply(term=reply.term, success=reply.success, match_index=reply.match_index)
+
+    async def on_install_snapshot(self, request) -> pb.AppendReply:
+        self._check_storage()
+        data = bytes(request.data)
+        try:
+            index, term, _body = snapshot_header(data)
+        except RaftStorageError:
+            index, term = -1, -1
+        if (index, term) != (request.last_index, request.last_term):
+            self.log.warning("raft snapshot refused: its contents are not what the call says",
+                             index=request.last_index, found=index)
+            return pb.AppendReply(term=self.machine.term, success=False, match_index=0)
+        snapshot = SnapshotRequest(self.name, request.term, request.leader, request.last_index, request.last_term,
+                                   request.leader_commit, data)
+        [reply] = await self._carry_out(self.machine.on_install_snapshot(snapshot, time.monotonic()))
+        return pb.AppendReply(term=reply.term, success=reply.success, match_index=reply.match_index)
+
+    async def _install(self, snapshot: SnapshotRequest) -> None:
+        """A leader's snapshot this node took (on disk now): the state machine loads it. A node
+        serving clients cannot (SnapshotRefused): it stops, and loads it when started again."""
+        _index, _term, body = snapshot_header(snapshot.data)
+        state = await asyncio.to_thread(json.loads, body)
+        self.last_applied = snapshot.last_index
+        self._snapshot_records = _records(state)
+        if self.state_machine is None:
+            return
+        try:
+            self.state_machine.restore(snapshot.last_index, state)
+        except SnapshotRefused as exc:
+            # fail-stop, as for a failed write: what this node serves is behind the log, and
+            # the snapshot on its disk brings it up to date at its next start
+            reason = f"this node fell behind the compacted metadata log and must load a snapshot: {exc}"
+            self.failed = reason
+            self.log.error("raft snapshot taken while serving: stopping the node, to load it at the next start",
+                           index=snapshot.last_index)
+            self._fail_waiters("raft snapshot taken while serving")
+            if self.on_failure is not None:
+                self.on_failure(reason + "; start the node again")
+            raise StorageFailed(reason) from None
+
+    # ---- compaction ------------------------------------------------------------------------------
+    def _maybe_snapshot(self) -> None:
+        """Enough applied since the last snapshot: capture the state now (on the loop, at
+        last_applied), and write it and cut the log in the background."""
+        if self.state_machine is None or self._snapshotting is not None:
+            return
+        if self.last_applied - self.storage.snapshot_index < max(self.snapshot_every, self._snapshot_records) \
+                or self.last_applied < self._snapshot_after:
+            return
+        index = self.last_applied
+        term = self.storage.term_at(index)
+        encode, records = self.state_machine.snapshot()
+        self._snapshotting = self._tasks.spawn(self._snapshot(index, term, encode, records))
+
+    async def _snapshot(self, index: int, term: int, encode, records: int) -> None:
+        started = time.monotonic()
+        try:
+            body = await asyncio.to_thread(encode)
+            tmp, size = await asyncio.to_thread(self.storage.prepare_snapshot, index, term, body)
+            async with self._io:
+                if self.failed is not None:
+                    return
+                kept = await asyncio.to_thread(self.storage.commit_snapshot, tmp, index)
+                if kept:
+                    self.machine.compact(index, term)
+                    self._snapshot_records = records
+                    self.snapshots_taken += 1
+            if kept:
+                self.log.info("raft snapshot written", index=index, records=records, bytes=size,
+                              entries_kept=len(self.storage.entries), seconds=round(time.monotonic() - started, 3))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the log is kept whole: nothing is lost, a later one retries
+            self._snapshot_after = index + self.snapshot_every
+            self.log.error("raft snapshot failed; the log is kept", error=repr(exc))
+        finally:
+            self._snapshotting = None
 
     # ---- proposals and applying ------------------------------------------------------------------
     async def _followers_applied(self, index: int, timeout: float = 1.0) -> None:
@@ -352,3 +493,9 @@ def append_request_pb(request: AppendRequest) -> pb.AppendRequest:
                             prev_log_term=request.prev_log_term, leader_commit=request.leader_commit,
                             entries=[pb.LogEntry(index=e.index, term=e.term, command=e.command)
                                      for e in request.entries])
+
+
+def _records(state) -> int:
+    """How many records a decoded snapshot holds (what the next snapshot waits for)."""
+    return state.get("records", 0) if isinstance(state, dict) else 0
+

@@ -20,6 +20,11 @@ majority: the leader takes them one at a time (Raft thesis 4.1). It proposes a c
 once the previous one has committed, and as a new leader only once its first entry has
 (any entry before it may be a change not yet committed), so at most two memberships, the
 old and the new, are ever in use, and any majority of one overlaps any majority of the other.
+
+Log compaction (Raft's section 7): the shell snapshots the state machine now and then and
+has the machine forget the entries the snapshot stands in for (compact()). A follower whose
+next entry the leader no longer holds gets the snapshot instead (SnapshotRequest); one that
+takes it (on_install_snapshot) drops its log, and its state machine loads the snapshot.
 """
 from __future__ import annotations
 
@@ -28,13 +33,14 @@ import random
 from dataclasses import dataclass, field
 
 from . import raft_core as rules
-from .raft_messages import AppendReply, AppendRequest, Entry, LogWrite, Ready, VoteReply, VoteRequest
+from .raft_messages import AppendReply, AppendRequest, Entry, LogWrite, Ready, SnapshotRequest, VoteReply, VoteRequest
 from .raft_state import PersistentState
 
 HEARTBEAT = 0.15                     # an idle follower hears from the leader this often
 ELECTION_MIN, ELECTION_MAX = 0.6, 1.2
 VOTE_TIMEOUT = 0.5                   # how long an election waits for one answer (the shell's call timeout)
 APPEND_LOST = 3.0                    # an append unanswered this long is taken as lost (the call gave up sooner)
+SNAPSHOT_LOST = 120.0                # a snapshot sent, unanswered this long (its call's own timeout is shorter)
 BATCH = 256                          # entries per append
 
 
@@ -56,6 +62,7 @@ class Progress:
     sent_at: float = 0.0
     heartbeat_at: float = 0.0     # idle: when it is due an (empty) append again
     retry_at: float = 0.0         # its last call failed: not before then
+    lost_after: float = APPEND_LOST   # the call in flight is taken as lost after this long
 
 
 @dataclass
@@ -79,13 +86,13 @@ class RaftMachine:
         self.rng = rng or random.Random()  # noqa: S311 - election timeouts, not a secret
         self.role = "follower"
         self.leader: str | None = None
-        self.commit_index = 0
+        self.commit_index = persistent.snapshot_index    # a snapshot holds only committed entries
         self.progress: dict[str, Progress] = {}
         self.told_commit: dict[str, int] = {}    # per follower: the commit index it has acknowledged
         self.leader_heard = 0.0                   # when an append from the leader was last accepted
         self.election: Election | None = None
         self.deadline = self._new_deadline(now)
-        self._handed_out = 0                      # committed entries given to the shell to apply
+        self._handed_out = persistent.snapshot_index   # committed entries given to the shell to apply
         self.change_index = 0                     # as the leader: the last membership change proposed
         self._ready = Ready()
 
@@ -295,7 +302,7 @@ class RaftMachine:
     def _heartbeat(self, now: float) -> None:
         for peer in self.members.peers:
             progress = self.progress.setdefault(peer, Progress(self.persistent.last_index + 1))
-            if progress.in_flight and now - progress.sent_at > APPEND_LOST:
+            if progress.in_flight and now - progress.sent_at > progress.lost_after:
                 progress.in_flight = False       # its answer will not come (the call was never made)
             if now >= progress.heartbeat_at:
                 self._send_append(peer, now)
@@ -310,12 +317,18 @@ class RaftMachine:
         progress = self.progress[peer]
         if progress.in_flight or now < progress.retry_at:
             return
+        if progress.next_index <= self.persistent.snapshot_index:
+            # what it needs next is compacted away: it gets the snapshot instead (the shell reads it)
+            self._ready.messages.append(SnapshotRequest(peer, self.term, self.name, self.persistent.snapshot_index,
+                                                        self.persistent.snapshot_term, self.commit_index))
+            progress.in_flight, progress.sent_at, progress.lost_after = True, now, SNAPSHOT_LOST
+            return
         prev = progress.next_index - 1
         entries = tuple(Entry(i, t, c) for i, (t, c) in
-                        enumerate(self.persistent.entries[prev:prev + BATCH], start=progress.next_index))
+                        enumerate(self.persistent.slice(progress.next_index, BATCH), start=progress.next_index))
         self._ready.messages.append(AppendRequest(peer, self.term, self.name, prev, self.persistent.term_at(prev),
                                                   entries, self.commit_index))
-        progress.in_flight, progress.sent_at = True, now
+        progress.in_flight, progress.sent_at, progress.lost_after = True, now, APPEND_LOST
 
     def on_append_reply(self, request: AppendRequest, reply: AppendReply, now: float) -> Ready:
         if reply.term > self.term:
@@ -339,7 +352,27 @@ class RaftMachine:
             self._send_append(request.to, now)
         return self._take()
 
-    def on_unreachable(self, request: VoteRequest | AppendRequest, now: float) -> Ready:
+    def on_snapshot_reply(self, request: SnapshotRequest, reply: AppendReply, now: float) -> Ready:
+        """The follower took the snapshot (or held its entries already): it matches the leader
+        up to the snapshot's last index, and the entries after it follow."""
+        if reply.term > self.term:
+            self._step_down(reply.term)
+            return self._take()
+        progress = self.progress.get(request.to)
+        if self.role != "leader" or self.term != request.term or progress is None:
+            return self._take()
+        progress.in_flight = False
+        if not reply.success:
+            progress.retry_at = progress.heartbeat_at = now + HEARTBEAT
+            return self._take()
+        self.told_commit[request.to] = min(request.leader_commit, reply.match_index)
+        progress.match_index = max(progress.match_index, reply.match_index)
+        progress.next_index = progress.match_index + 1
+        self._advance_commit(now)
+        self._send_append(request.to, now)
+        return self._take()
+
+    def on_unreachable(self, request: VoteRequest | AppendRequest | SnapshotRequest, now: float) -> Ready:
         """A request found no answer (the peer is down, slow or gone)."""
         if isinstance(request, VoteRequest):
             election = self.election
@@ -373,17 +406,62 @@ class RaftMachine:
         self.leader_heard = now
         self.deadline = self._new_deadline(now)
         self.election = None            # a leader is in charge: our pre-vote, if any, is moot
-        prev = request.prev_log_index
-        if not rules.consistent(prev, request.prev_log_term, self.persistent.last_index, self.persistent.term_at):
+        prev, prev_term, entries = request.prev_log_index, request.prev_log_term, request.entries
+        compacted = self.persistent.snapshot_index
+        if prev < compacted:
+            # entries up to our snapshot are committed, so the leader's match ours: only those
+            # after it are looked at, against the snapshot's last entry
+            entries = entries[compacted - prev:]
+            prev, prev_term = compacted, self.persistent.snapshot_term
+        if not rules.consistent(prev, prev_term, self.persistent.last_index, self.persistent.term_at):
             return self._append_reply(request, False, rules.refusal_hint(prev, self.persistent.last_index))
-        new = rules.new_entries(request.entries, self.persistent.last_index, self.persistent.term_at)
+        new = rules.new_entries(entries, self.persistent.last_index, self.persistent.term_at)
         if new:
             self._append(new[0].index, [(e.term, e.command) for e in new])
-        last = prev + len(request.entries)
+        last = prev + len(entries)
         if request.leader_commit > self.commit_index:
             self.commit_index = rules.follower_commit(request.leader_commit, last, self.commit_index)
             self._hand_out_committed()
         return self._append_reply(request, True, last)
+
+    def on_install_snapshot(self, request: SnapshotRequest, now: float) -> Ready:
+        """The leader's snapshot, for entries it no longer holds. A snapshot of entries this node
+        has committed already changes nothing; one whose last entry the log holds (same index
+        and term) commits the log up to it, and the log applies as usual; any other replaces
+        the log: it is made durable and handed to the state machine (Ready.snapshot), and the
+        entries after it follow as appends."""
+        probe = AppendRequest(self.name, request.term, request.leader, 0, 0)
+        if request.term < self.term or request.leader not in self.members.peers:
+            return self._append_reply(probe, False, 0)
+        if request.term > self.term or self.role != "follower":
+            self._step_down(request.term)
+        if self.leader != request.leader:
+            self.log.info("raft leader is", leader=request.leader, term=request.term)
+        self.leader = request.leader
+        self.leader_heard = now
+        self.deadline = self._new_deadline(now)
+        self.election = None
+        index, term = request.last_index, request.last_term
+        if index <= self.commit_index:
+            return self._append_reply(probe, True, index)
+        if index <= self.persistent.last_index and self.persistent.term_at(index) == term:
+            self.commit_index = index
+            self._hand_out_committed()
+            return self._append_reply(probe, True, index)
+        self.log.info("raft snapshot installed", index=index, term=term, bytes=len(request.data))
+        self.persistent.compact(index, term)
+        self.commit_index = self._handed_out = index
+        self._ready.snapshot = request
+        return self._append_reply(probe, True, index)
+
+    def compact(self, index: int, term: int) -> None:
+        """The shell made a snapshot of the state after entry `index` (applied, so committed)
+        durable, and cut the log file before it: the entries up to it are forgotten here too."""
+        if index <= self.persistent.snapshot_index:
+            return          # a newer snapshot (the leader's) is in place already
+        if index > self._handed_out or self.persistent.term_at(index) != term:
+            raise ValueError(f"a snapshot at {index} (term {term}) is not of an applied entry")
+        self.persistent.compact(index, term)
 
     def _append_reply(self, request: AppendRequest, success: bool, match_index: int) -> Ready:
         self._ready.messages.append(AppendReply(request.leader, self.term, success, match_index))
@@ -393,10 +471,10 @@ class RaftMachine:
     def _append(self, start: int, entries: list[tuple[int, bytes]]) -> None:
         truncated = self.persistent.replace_from(start, entries)
         whole = tuple(self.persistent.entries) if truncated else None
-        self._ready.log_writes.append(LogWrite(start, tuple(entries), whole))
+        self._ready.log_writes.append(LogWrite(start, tuple(entries), whole, self.persistent.snapshot_index))
 
     def _hand_out_committed(self) -> None:
         while self._handed_out < self.commit_index:
             self._handed_out += 1
-            term, command = self.persistent.entries[self._handed_out - 1]
+            term, command = self.persistent.entry(self._handed_out)
             self._ready.committed.append(Entry(self._handed_out, term, command))

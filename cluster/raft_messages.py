@@ -55,22 +55,42 @@ class AppendReply:
 
 
 @dataclass(frozen=True)
+class SnapshotRequest:
+    """InstallSnapshot (Raft's section 7): the follower's next entry is compacted away on the
+    leader, which sends its latest snapshot instead. The machine names the snapshot it holds;
+    the shell reads the file's contents (`data`) at the wire, and sends the index and term
+    the file says (a newer snapshot may have replaced it meanwhile)."""
+    to: str
+    term: int
+    leader: str
+    last_index: int
+    last_term: int
+    leader_commit: int = 0
+    data: bytes = b""
+
+
+@dataclass(frozen=True)
 class LogWrite:
     """The log from `start` on is now `entries`. `whole` is the entire log after the change
-    when a suffix was replaced (the file is rewritten from it), None for a plain append.
-    Both are copies: the write runs off the event loop while the machine moves on."""
+    when a suffix was replaced (the file is rewritten from it): the entries after `base`,
+    the snapshot's last index then. None for a plain append. Both are copies: the write runs
+    off the event loop while the machine moves on."""
     start: int
     entries: tuple[tuple[int, bytes], ...]
     whole: tuple[tuple[int, bytes], ...] | None = None
+    base: int = 0
 
 
 @dataclass
 class Ready:
     """What one step of the machine asks of its shell, in this order: make `hard_state` (term,
-    vote) and `log_writes` durable; apply `committed`, in index order; then send `messages`,
-    which may promise what was just written. `leadership_lost`: proposals waiting on this
-    node as the leader will not commit through it."""
+    vote), `snapshot` and `log_writes` durable; hand `snapshot` to the state machine; apply
+    `committed`, in index order; then send `messages`, which may promise what was just
+    written. `snapshot` is a leader's InstallSnapshot this follower took: its log is now empty
+    after it, and the state machine is to load it as the state after its last index.
+    `leadership_lost`: proposals waiting on this node as the leader will not commit through it."""
     hard_state: tuple[int, str | None] | None = None
+    snapshot: SnapshotRequest | None = None
     log_writes: list[LogWrite] = field(default_factory=list)
     messages: list = field(default_factory=list)
     committed: list[Entry] = field(default_factory=list)

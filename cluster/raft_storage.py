@@ -24,6 +24,21 @@ truncation fsynced) so that the next append starts on a line of its own. A
 line that does not parse with valid entries after it is not a torn append
 but damage to entries this node may have acknowledged: the node refuses to
 start rather than guess.
+
+Compaction (Raft's section 7): DATA_DIR/raft/snapshot.json is the state
+machine's state after entry S, a header line
+`{"version":1,"index":S,"term":T}` and then the state as JSON. It is written
+to a temporary file and fsynced off the event loop, then renamed into place
+and the directory fsynced; only then is the log cut: the lines after S are
+copied to a new file that replaces log.jsonl the same way. A crash between
+the two leaves lines up to S in the log, which loading skips. A follower
+that takes the leader's snapshot (InstallSnapshot) writes it the same way
+and empties its log. Loading reads the snapshot's header, skips the lines up
+to S and takes those after it, which must start at S + 1 at the latest; if
+the log's line S has another term than the snapshot (a crash before a
+follower's log was emptied for a snapshot it took), the log's entries are
+not the cluster's and are dropped. A log written before snapshots existed
+(no snapshot file, lines from 1) loads as it always did.
 """
 from __future__ import annotations
 
@@ -33,14 +48,43 @@ from pathlib import Path
 
 import structlog
 
+from haremq.node.store.meta import truncate_synced, write_atomically, write_synced
 from haremq.node.store.writer import sync_directory
 
 from .raft_messages import LogWrite
 from .raft_state import PersistentState
 
+SNAPSHOT_VERSION = 1
+
 
 class RaftStorageError(Exception):
     """DATA_DIR/raft cannot be used as it is (entries missing or damaged before the end)."""
+
+
+def snapshot_blob(index: int, term: int, body: bytes) -> bytes:
+    """A snapshot file's contents: the header line, then the state machine's state."""
+    head = json.dumps({"version": SNAPSHOT_VERSION, "index": index, "term": term}, separators=(",", ":"))
+    return head.encode() + b"\n" + body
+
+
+def snapshot_header(blob: bytes) -> tuple[int, int, bytes]:
+    """(index, term, body) of a snapshot file's contents."""
+    first, _nl, body = blob.partition(b"\n")
+    try:
+        head = json.loads(first)
+        index, term = head["index"], head["term"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RaftStorageError(f"the raft snapshot's header does not read back: {exc}") from None
+    if head.get("version") != SNAPSHOT_VERSION:
+        raise RaftStorageError(f"unknown raft snapshot version {head.get('version')} (written by a newer HareMQ?)")
+    return index, term, body
+
+
+def _line_index(line: bytes) -> int:
+    """The index a log line carries (lines are written as '{"i": N, ...')."""
+    start = line.index(b":") + 1
+    end = line.index(b",", start)
+    return int(line[start:end])
 
 
 def _entry(line: bytes) -> tuple[int, int, bytes] | None:
@@ -68,9 +112,20 @@ class RaftStorage(PersistentState):
             sync_directory(self.directory.parent)
         self.state_path = self.directory / "state.json"
         self.log_path = self.directory / "log.jsonl"
+        self.snapshot_path = self.directory / "snapshot.json"
+        # the state machine's state as of snapshot_index, for the shell to load at start
+        self.snapshot_body: bytes | None = None
+        self.snapshot_bytes = 0
         if self.state_path.exists():
             state = json.loads(self.state_path.read_text())
             self.term, self.voted_for = state["term"], state.get("voted_for")
+        for stale in self.directory.glob("snapshot.json.*.tmp"):
+            stale.unlink()               # a snapshot being written when the node stopped
+        if self.snapshot_path.exists():
+            blob = self.snapshot_path.read_bytes()
+            self.snapshot_index, self.snapshot_term, self.snapshot_body = snapshot_header(blob)
+            self.snapshot_bytes = len(blob)
+        self._on_disk = self.snapshot_index      # the snapshot the files hold (the thread's own view)
         self._log_exists = self.log_path.exists()
         if self._log_exists:
             self._load_log()
@@ -79,6 +134,8 @@ class RaftStorage(PersistentState):
         data = self.log_path.read_bytes()
         pos = good = line_no = 0       # good: where the last whole, valid line ends
         bad: tuple[int, int] | None = None     # (line number, offset) of the first line that does not parse
+        base = self.snapshot_index
+        stale = False                  # the log's entry at the snapshot's index has another term
         while pos < len(data):
             end = data.find(b"\n", pos)
             if end < 0:
@@ -94,44 +151,37 @@ class RaftStorage(PersistentState):
                     f"follow it (line {line_no}): the log is damaged, not cut short; not starting on it")
             else:
                 index, term, command = found
-                if not 1 <= index <= len(self.entries) + 1:
+                if not 1 <= index <= base + len(self.entries) + 1:
                     raise RaftStorageError(
-                        f"{self.log_path}: line {line_no} holds entry {index} after entry {len(self.entries)}: "
-                        "entries are missing; not starting on it")
-                del self.entries[index - 1:]
-                self.entries.append((term, command))
+                        f"{self.log_path}: line {line_no} holds entry {index} after entry "
+                        f"{base + len(self.entries)}: entries are missing; not starting on it")
+                if index <= base:          # the snapshot stands in for it
+                    if index == base:
+                        stale = term != self.snapshot_term
+                else:
+                    del self.entries[index - base - 1:]
+                    self.entries.append((term, command))
                 good = end + 1
             pos = end + 1
+        if stale and self.entries:
+            self.log.warning("raft log: entries after the snapshot are not the cluster's; dropped",
+                             snapshot_index=base, entries=len(self.entries))
+            self.entries = []
         if good < len(data):
             # the last append, cut short: never fsynced, so never acknowledged to anyone
             self.log.warning("raft log: dropping a torn last write", file=str(self.log_path), offset=good,
                              bytes=len(data) - good, entries=len(self.entries))
-            with open(self.log_path, "r+b") as fh:
-                fh.truncate(good)
-                fh.flush()
-                os.fsync(fh.fileno())
+            truncate_synced(self.log_path, good)
 
     def save_state(self, term: int, voted_for: str | None) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            json.dump({"term": term, "voted_for": voted_for}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.state_path)
-        sync_directory(self.directory)
+        write_atomically(self.state_path, json.dumps({"term": term, "voted_for": voted_for}).encode())
 
     def write(self, write: LogWrite) -> None:
         """Append the written entries and fsync; after a replaced suffix, rewrite the file whole."""
         if write.whole is not None:   # rare: a follower dropping an uncommitted suffix
-            lines = [json.dumps({"i": i + 1, "t": t, "c": c.decode()}) for i, (t, c) in enumerate(write.whole)]
-            tmp = self.log_path.with_suffix(".tmp")
-            with open(tmp, "w") as fh:
-                fh.write("".join(line + "\n" for line in lines))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.log_path)
-            sync_directory(self.directory)
-            self._log_exists = True
+            lines = [json.dumps({"i": write.base + i + 1, "t": t, "c": c.decode()})
+                     for i, (t, c) in enumerate(write.whole)]
+            self._replace_log("".join(line + "\n" for line in lines).encode())
             return
         with open(self.log_path, "a") as fh:
             for offset, (t, c) in enumerate(write.entries):
@@ -141,3 +191,51 @@ class RaftStorage(PersistentState):
         if not self._log_exists:       # the file was created by this append: its name too
             sync_directory(self.directory)
             self._log_exists = True
+
+    def _replace_log(self, blob: bytes) -> None:
+        """log.jsonl becomes `blob`: written, fsynced, renamed into place, the directory fsynced."""
+        write_atomically(self.log_path, blob)
+        self._log_exists = True
+
+    # ---- snapshots (each in a thread; the shell runs prepare outside its write lock, the rest in it) ----
+    def prepare_snapshot(self, index: int, term: int, body: bytes) -> tuple[Path, int]:
+        """Write the state after entry `index` to a temporary file and fsync it: the slow part,
+        done while the log goes on being appended to. (Its path, its size.)"""
+        tmp = self.directory / f"snapshot.json.{index}.tmp"
+        blob = snapshot_blob(index, term, body)
+        write_synced(tmp, blob)
+        return tmp, len(blob)
+
+    def commit_snapshot(self, tmp: Path, index: int) -> bool:
+        """Put a prepared snapshot in place and cut the log before it (under the shell's write
+        lock: no append runs meanwhile, so the file holds exactly what was written). False if
+        a snapshot as new is in place already (one the leader sent): this one is dropped."""
+        if index <= self._on_disk:
+            tmp.unlink()
+            return False
+        os.replace(tmp, self.snapshot_path)
+        sync_directory(self.directory)
+        self._on_disk = index
+        if self._log_exists:
+            data = self.log_path.read_bytes()
+            pos = 0
+            while pos < len(data):         # the first line after the snapshot (indexes only grow)
+                end = data.find(b"\n", pos)
+                if end < 0 or _line_index(data[pos:end]) > index:
+                    break
+                pos = end + 1
+            self._replace_log(data[pos:])
+        return True
+
+    def install_snapshot(self, index: int, term: int, blob: bytes) -> None:
+        """The leader's snapshot, taken by this follower: in place, and the log emptied."""
+        write_atomically(self.snapshot_path, blob, self.directory / f"snapshot.json.{index}.leader.tmp")
+        self._on_disk = max(self._on_disk, index)
+        self._replace_log(b"")
+
+    def read_snapshot(self) -> bytes | None:
+        """The snapshot file's contents (for a follower that needs them), None if there is none."""
+        try:
+            return self.snapshot_path.read_bytes()
+        except FileNotFoundError:
+            return None

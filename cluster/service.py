@@ -35,6 +35,9 @@ class ClusterService(pbg.ClusterServicer):
     async def AppendEntries(self, request, context):
         return await self.node.raft.on_append_entries(request)
 
+    async def InstallSnapshot(self, request, context):
+        return await self.node.raft.on_install_snapshot(request)
+
     async def Propose(self, request, context):
         return await self.node.raft.on_propose(request)
 

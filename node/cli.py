@@ -102,6 +102,26 @@ async def _run_node(config: NodeConfig) -> None:
         raise NodeError(node.failure)
 
 
+def raise_fd_limit() -> tuple[int, int]:
+    """Every AMQP connection, cluster link and store file is a file descriptor: the soft limit
+    (often 1,024) goes up to the hard one at start, as RabbitMQ asks of `ulimit -n`. Logged
+    either way; (soft, hard) as they are now."""
+    import resource
+    log = structlog.get_logger("haremq.node")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("file descriptor limit not raised", soft=soft, hard=hard, error=str(exc))
+            return soft, hard
+        log.info("file descriptor limit raised", soft=target, hard=hard, was=soft)
+        return target, hard
+    log.info("file descriptor limit", soft=soft, hard=hard)
+    return soft, hard
+
+
 def use_uvloop() -> None:
     """The event loop `haremq node` runs on (and the benches that time a node in-process)."""
     try:
@@ -137,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         except settings.SettingError as exc:
             return settings.fail("haremq", exc)
         logs.configure(v["log_level"], v["log_json"])
+        raise_fd_limit()
         cluster_secret = ""
         cluster_tls = None
         if v["cluster_port"] is not None:

@@ -17,7 +17,7 @@ import structlog
 
 from haremq.cluster.raft_machine import (APPEND_LOST, ELECTION_MAX, ELECTION_MIN, HEARTBEAT, ChangePending, NotLeader,
                                         RaftMachine)
-from haremq.cluster.raft_messages import AppendReply, AppendRequest, Entry, VoteReply, VoteRequest
+from haremq.cluster.raft_messages import AppendReply, AppendRequest, Entry, SnapshotRequest, VoteReply, VoteRequest
 from haremq.cluster.raft_state import PersistentState
 
 STEP = 0.01
@@ -50,7 +50,9 @@ class Network:
         self.alive = set(names)
         self.cut: set[frozenset] = set()
         self.disk = {n: PersistentState() for n in names}      # what each node has written
-        self.applied: dict[str, list[Entry]] = {n: [] for n in names}
+        self.applied: dict[str, list[Entry]] = {n: [] for n in names}     # each node's state machine
+        self.snapshots: dict[str, tuple[int, int, bytes]] = {}   # what each node's snapshot file holds
+        self.installed: dict[str, int] = {n: 0 for n in names}   # snapshots each took from a leader
         self.leaders: dict[int, str] = {}                      # term -> who led it
         self.nodes = {n: RaftMachine(n, View(n, self), PersistentState(), LOG.bind(node=n), self.now,
                                      random.Random(seed * 100 + i)) for i, n in enumerate(names)}
@@ -76,12 +78,22 @@ class Network:
         disk = self.disk[name]
         if ready.hard_state is not None:
             disk.term, disk.voted_for = ready.hard_state
+        if ready.snapshot is not None:         # a leader's snapshot: in place, the log emptied
+            snap = ready.snapshot
+            self.snapshots[name] = (snap.last_index, snap.last_term, snap.data)
+            disk.entries, disk.snapshot_index, disk.snapshot_term = [], snap.last_index, snap.last_term
         for write in ready.log_writes:
             if write.whole is not None:
+                assert write.base == disk.snapshot_index
                 disk.entries = list(write.whole)
             else:
                 assert write.start == disk.last_index + 1, "an append must follow what is on disk"
                 disk.entries.extend(write.entries)
+        if ready.snapshot is not None:         # the state machine loads it
+            self.applied[name] = [Entry(i, t, c.encode()) for i, t, c in json.loads(ready.snapshot.data)]
+            self.installed[name] += 1
+            assert [e.index for e in self.applied[name]] == list(range(1, ready.snapshot.last_index + 1))
+        assert not ready.committed or ready.committed[0].index == len(self.applied[name]) + 1
         self.applied[name].extend(ready.committed)
         replies = []
         for message in ready.messages:     # nothing promised before it is on disk
@@ -111,12 +123,19 @@ class Network:
                 [reply] = self.carry_out(request.to, target.on_vote_request(request, self.now, reachable))
                 if reply.granted and not request.pre_vote:    # the vote is on disk before it is given
                     assert (self.disk[request.to].term, self.disk[request.to].voted_for) == (request.term, sender)
+            elif isinstance(request, SnapshotRequest):        # the shell sends what its file holds
+                index, term, data = self.snapshots[sender]
+                request = SnapshotRequest(request.to, request.term, request.leader, index, term,
+                                          request.leader_commit, data)
+                [reply] = self.carry_out(request.to, target.on_install_snapshot(request, self.now))
             else:
                 [reply] = self.carry_out(request.to, target.on_append_request(request, self.now))
             if self.lost():           # the answer is lost: the caller's timeout says as much
                 self.carry_out(sender, source.on_unreachable(request, self.now))
             elif isinstance(reply, VoteReply):
                 self.carry_out(sender, source.on_vote_reply(request, reply, self.now))
+            elif isinstance(request, SnapshotRequest):
+                self.carry_out(sender, source.on_snapshot_reply(request, reply, self.now))
             else:
                 self.carry_out(sender, source.on_append_reply(request, reply, self.now))
 
@@ -128,6 +147,19 @@ class Network:
                 if name in self.alive:
                     self.carry_out(name, self.nodes[name].tick(self.now))
             self.deliver()
+
+    def compact(self, name: str) -> int:
+        """As the shell does: the state machine's state at what it applied, written, and the log
+        cut before it (the state here is the entries applied, which is what a check needs)."""
+        node, disk = self.nodes[name], self.disk[name]
+        index = len(self.applied[name])
+        term = node.persistent.term_at(index)
+        data = json.dumps([[e.index, e.term, e.command.decode()] for e in self.applied[name]]).encode()
+        self.snapshots[name] = (index, term, data)
+        disk.compact(index, term)
+        node.compact(index, term)
+        assert disk.entries == node.persistent.entries and disk.snapshot_index == node.persistent.snapshot_index
+        return index
 
     # ---- looking at it ---------------------------------------------------------------------------
     def leader(self) -> str | None:
@@ -429,3 +461,163 @@ def test_membership_changes_are_taken_one_at_a_time():
     f = machine("b", ("a", "c"), terms=(1, 1), term=1)
     elect(f, now=5.0)
     assert f.change_index == 3 and not f.change_allowed()
+
+
+# ---- log compaction and InstallSnapshot (Raft's section 7) ---------------------------------------------
+def test_compacted_nodes_keep_only_the_tail_and_go_on_replicating():
+    net = Network(seed=11)
+    net.run(2.0)
+    for i in range(30):
+        net.propose({"op": "set", "i": i})
+    net.run(0.5)
+    for name in net.names:
+        assert net.compact(name) == 31           # the leader's noop and 30 sets
+        assert net.nodes[name].persistent.entries == [] and net.disk[name].last_index == 31
+    for i in range(30, 40):
+        net.propose({"op": "set", "i": i})
+    net.run(0.5)
+    for name in net.names:
+        assert net.commands(name) == [{"op": "set", "i": i} for i in range(40)]
+        assert len(net.disk[name].entries) == 10 and net.disk[name].snapshot_index == 31
+        assert net.installed[name] == 0          # nobody needed a snapshot
+    net.check_applied_agree()
+
+
+def test_a_follower_away_while_the_log_was_compacted_catches_up_by_snapshot():
+    net = Network(seed=12)
+    net.run(2.0)
+    leader = net.leader()
+    away = next(n for n in net.names if n != leader)
+    net.propose({"op": "set", "i": 0})
+    net.run(0.3)
+    net.alive.discard(away)
+    for i in range(1, 600):                      # past a batch: the follower is far behind
+        net.propose({"op": "set", "i": i})
+    net.run(0.5)
+    for name in net.names:
+        if name != away:
+            net.compact(name)
+    for i in range(600, 610):
+        net.propose({"op": "set", "i": i})
+    net.run(0.3)
+    net.alive.add(away)
+    net.run(2.0)
+    assert net.installed[away] == 1
+    assert net.commands(away) == [{"op": "set", "i": i} for i in range(610)]
+    assert net.disk[away].snapshot_index == net.snapshots[leader][0]
+    assert net.disk[away].entries == net.nodes[leader].persistent.entries      # the tail, by appends
+    net.propose({"op": "last"})
+    net.run(0.5)
+    net.check_applied_agree()
+    assert net.commands(away)[-1] == {"op": "last"}
+
+
+def test_a_follower_restarted_from_its_snapshot_and_tail_resumes_where_it_was():
+    net = Network(seed=13)
+    net.run(2.0)
+    leader = net.leader()
+    follower = next(n for n in net.names if n != leader)
+    for i in range(20):
+        net.propose({"op": "set", "i": i})
+    net.run(0.5)
+    net.compact(follower)
+    for i in range(20, 25):
+        net.propose({"op": "set", "i": i})
+    net.run(0.5)
+    # the node restarts: a machine on what its disk holds, the state machine loaded from the snapshot
+    disk = net.disk[follower]
+    state = PersistentState(disk.term, disk.voted_for, list(disk.entries), disk.snapshot_index, disk.snapshot_term)
+    index, _term, data = net.snapshots[follower]
+    net.applied[follower] = [Entry(i, t, c.encode()) for i, t, c in json.loads(data)]
+    net.nodes[follower] = RaftMachine(follower, View(follower, net), state, LOG, net.now, random.Random(7))
+    assert net.nodes[follower].commit_index == index == 21
+    net.run(1.0)
+    net.propose({"op": "set", "i": 25})
+    net.run(0.5)
+    assert net.commands(follower) == [{"op": "set", "i": i} for i in range(26)]
+    assert net.installed[follower] == 0          # its own log had the rest: appends only
+    net.check_applied_agree()
+
+
+def test_install_snapshot_rules():
+    # older than what the follower committed: changes nothing
+    f = machine("b", ("a", "c"), terms=(1, 1, 1, 1), term=1)
+    f.on_append_request(AppendRequest("b", 1, "a", 4, 1, (), 4), 1.0)
+    assert f.commit_index == 4
+    ready = f.on_install_snapshot(SnapshotRequest("b", 1, "a", 3, 1, 4, b"s"), 1.1)
+    assert ready.snapshot is None and ready.messages == [AppendReply("a", 1, True, 3)]
+    assert f.persistent.last_index == 4 and f.persistent.snapshot_index == 0
+    # its log holds the snapshot's last entry (same term): that much commits, the log stays
+    f = machine("b", ("a", "c"), terms=(1, 1, 2, 2, 2), term=2)
+    ready = f.on_install_snapshot(SnapshotRequest("b", 2, "a", 4, 2, 4, b"s"), 1.0)
+    assert ready.snapshot is None and [e.index for e in ready.committed] == [1, 2, 3, 4]
+    assert f.persistent.last_index == 5 and ready.messages == [AppendReply("a", 2, True, 4)]
+    # a log that conflicts with it (another term there): replaced by the snapshot
+    f = machine("b", ("a", "c"), terms=(1, 1, 1, 1, 1), term=1)
+    ready = f.on_install_snapshot(SnapshotRequest("b", 3, "a", 4, 2, 4, b"s"), 1.0)
+    assert ready.snapshot is not None and ready.snapshot.last_index == 4 and not ready.committed
+    assert ready.hard_state == (3, None)
+    assert f.persistent.entries == [] and f.persistent.last_index == 4 and f.persistent.last_term == 2
+    assert f.commit_index == 4 and ready.messages == [AppendReply("a", 3, True, 4)]
+    # the next append follows the snapshot, and what it carries is applied from there
+    ready = f.on_append_request(AppendRequest("b", 3, "a", 4, 2, (Entry(5, 3, b"n"),), 5), 1.1)
+    assert ready.messages == [AppendReply("a", 3, True, 5)] and [e.index for e in ready.committed] == [5]
+    # a stale leader's snapshot is refused
+    ready = f.on_install_snapshot(SnapshotRequest("b", 2, "c", 9, 2, 9, b"s"), 1.2)
+    assert ready.snapshot is None and ready.messages == [AppendReply("c", 3, False, 0)]
+
+
+def test_an_append_from_before_a_followers_snapshot_matches_from_the_snapshot_on():
+    f = RaftMachine("b", Fixed("b", ("a", "c")), PersistentState(2, None, [(2, b"x31")], 30, 2), LOG, 0.0,
+                    random.Random(0))
+    assert f.commit_index == 30 and f.persistent.last_index == 31
+    # a new leader starts it low: entries 11..33, some compacted here, the rest new
+    entries = tuple(Entry(i, 2 if i <= 31 else 3, b"x%d" % i) for i in range(11, 34))
+    ready = f.on_append_request(AppendRequest("b", 3, "a", 10, 1, entries, 33), 1.0)
+    assert ready.messages == [AppendReply("a", 3, True, 33)]
+    [write] = ready.log_writes
+    assert write.start == 32 and not write.whole and f.persistent.last_index == 33
+    assert [e.index for e in ready.committed] == [31, 32, 33]
+    # one that carries nothing past the snapshot: matched, nothing written
+    ready = f.on_append_request(AppendRequest("b", 3, "a", 5, 1, entries[:3], 33), 1.1)
+    assert ready.messages == [AppendReply("a", 3, True, 30)] and not ready.log_writes
+
+
+def test_a_leader_sends_its_snapshot_to_a_follower_whose_next_entry_it_compacted():
+    m = machine(terms=(1,) * 10, term=1)
+    ready = elect(m, now=2.0)
+    to_b = next(r for r in ready.messages if r.to == "b")
+    m.on_append_reply(to_b, AppendReply("a", m.term, True, 11), 2.0)
+    assert m.commit_index == 11
+    m.compact(11, m.term)
+    assert m.persistent.entries == [] and m.persistent.snapshot_index == 11
+    with pytest.raises(ValueError):
+        m.compact(12, m.term)                # not applied: never snapshotted
+    to_c = next(r for r in ready.messages if r.to == "c")
+    [again] = m.on_append_reply(to_c, AppendReply("a", m.term, False, 0), 2.1).messages   # c holds nothing
+    assert isinstance(again, SnapshotRequest) and (again.last_index, again.last_term) == (11, m.term)
+    # one snapshot in flight at a time: not sent again when an append would count as lost
+    assert not [x for x in m.tick(2.1 + APPEND_LOST + 0.1).messages if x.to == "c"]
+    index, ready = m.propose(b'{"op": "x"}', 2.2)
+    ready = m.on_snapshot_reply(again, AppendReply("a", m.term, True, 11), 2.3)
+    [append] = ready.messages
+    assert isinstance(append, AppendRequest) and append.prev_log_index == 11 and append.prev_log_term == m.term
+    assert [e.index for e in append.entries] == [index]
+    # a reply from an earlier term (a leader change during a transfer) is ignored
+    stale = SnapshotRequest("c", m.term - 1, "a", 5, 1, 5)
+    assert not m.on_snapshot_reply(stale, AppendReply("a", m.term, True, 5), 2.4).messages
+
+
+def test_persistent_state_compaction():
+    state = PersistentState(3, None, [(1, b"a"), (2, b"b"), (3, b"c"), (3, b"d")])
+    state.compact(2, 2)
+    assert (state.snapshot_index, state.snapshot_term, state.last_index, state.last_term) == (2, 2, 4, 3)
+    assert state.term_at(2) == 2 and state.term_at(3) == 3 and state.term_at(1) == 0
+    assert state.entry(3) == (3, b"c") and state.slice(3, 10) == [(3, b"c"), (3, b"d")]
+    with pytest.raises(ValueError):
+        state.replace_from(2, [(4, b"x")])       # inside the snapshot: committed, never replaced
+    assert state.replace_from(4, [(4, b"x")]) and state.entries == [(3, b"c"), (4, b"x")]
+    state.compact(1, 1)                          # older than the one held: nothing changes
+    assert state.snapshot_index == 2
+    state.compact(9, 5)                          # a log that does not hold it: dropped whole
+    assert state.entries == [] and (state.last_index, state.last_term) == (9, 5)

@@ -229,6 +229,76 @@ def test_the_directory_is_synced_after_a_file_is_created_or_renamed_into_place(t
     assert RaftStorage(directory).entries == [(3, b"{}"), (4, b"{}")]
 
 
+# ---- snapshots and the log cut before them ----------------------------------------------------------------
+def snapshot_of(storage, index, term, body=b'{"state": 1}'):
+    """As the shell takes one: prepared off the write lock, then put in place and the log cut."""
+    tmp, size = storage.prepare_snapshot(index, term, body)
+    assert tmp.exists() and size > len(body)
+    return storage.commit_snapshot(tmp, index)
+
+
+def test_a_snapshot_cuts_the_log_and_a_restart_loads_it_with_the_tail(tmp_path, syncs):
+    directory = tmp_path / "raft"
+    written(directory, *(line(i, term=1 if i <= 3 else 2) for i in range(1, 8)))
+    storage = RaftStorage(directory)
+    del syncs[:]
+    assert snapshot_of(storage, 5, 2)
+    ino = os.stat(directory).st_ino
+    # the snapshot renamed into place and its directory synced before the log is cut; then the cut's
+    assert syncs[:3] == [("file", syncs[0][1]), ("rename", os.stat(directory / "snapshot.json").st_ino),
+                         ("dir", ino)]
+    assert syncs[-2:] == [("rename", os.stat(directory / "log.jsonl").st_ino), ("dir", ino)]
+    assert (directory / "log.jsonl").read_text() == line(6, term=2) + line(7, term=2)
+    assert not list(directory.glob("*.tmp"))
+    again = RaftStorage(directory)
+    assert (again.snapshot_index, again.snapshot_term, again.last_index) == (5, 2, 7)
+    assert again.snapshot_body == b'{"state": 1}' and again.entries == [(2, b'{"op": "x"}')] * 2
+    again.write(LogWrite(8, ((2, b'{"op": "y"}'),)))
+    assert RaftStorage(directory).entries[-1] == (2, b'{"op": "y"}')
+    # a suffix replaced after a snapshot: the file is rewritten from the snapshot on
+    again.write(LogWrite(7, ((3, b"{}"),), whole=((2, b'{"op": "x"}'), (3, b"{}")), base=5))
+    assert RaftStorage(directory).entries == [(2, b'{"op": "x"}'), (3, b"{}")]
+    assert snapshot_of(again, 3, 1) is False        # older than the one in place: dropped
+    assert RaftStorage(directory).snapshot_index == 5 and not list(directory.glob("*.tmp"))
+
+
+def test_a_crash_between_the_snapshot_and_the_cut_loads_the_same(tmp_path):
+    directory = tmp_path / "raft"
+    written(directory, *(line(i) for i in range(1, 6)))
+    storage = RaftStorage(directory)
+    tmp, _size = storage.prepare_snapshot(3, 1, b"{}")
+    os.replace(tmp, directory / "snapshot.json")       # renamed, then the power went: the log is whole
+    (directory / "snapshot.json.4.tmp").write_bytes(b"half a snap")      # and one being written
+    again = RaftStorage(directory)
+    assert (again.snapshot_index, again.last_index, len(again.entries)) == (3, 5, 2)
+    assert not (directory / "snapshot.json.4.tmp").exists()
+
+
+def test_a_log_with_entries_missing_after_the_snapshot_refuses_to_load(tmp_path):
+    directory = tmp_path / "raft"
+    written(directory, line(1), line(2), line(3))
+    storage = RaftStorage(directory)
+    assert snapshot_of(storage, 2, 1)
+    (directory / "log.jsonl").write_text(line(5))      # 3 and 4 are gone
+    with pytest.raises(RaftStorageError, match="entry 5 after entry 2"):
+        RaftStorage(directory)
+
+
+def test_a_leaders_snapshot_empties_the_log_and_a_crash_before_that_drops_a_stale_one(tmp_path):
+    directory = tmp_path / "raft"
+    written(directory, line(1), line(2), line(3, term=1), line(4, term=1))
+    storage = RaftStorage(directory)
+    storage.install_snapshot(6, 3, b'{"version":1,"index":6,"term":3}\n{}')
+    assert (directory / "log.jsonl").read_bytes() == b""
+    again = RaftStorage(directory)
+    assert (again.snapshot_index, again.snapshot_term, again.last_index) == (6, 3, 6)
+    # the snapshot in place, the log not yet emptied: its entry 6 (if any) is of another term,
+    # so what follows it is not the cluster's and is dropped
+    written(directory, *(line(i, term=1) for i in range(1, 9)))
+    stale = RaftStorage(directory)
+    assert (stale.snapshot_index, stale.last_index, stale.entries) == (6, 6, [])
+
+
 # ---- the node ------------------------------------------------------------------------------------------
 @pytest.mark.skipif(IS_REF, reason="starts and breaks a node process")
 def test_a_node_whose_raft_log_cannot_be_written_stops_with_status_1(tmp_path):

@@ -112,6 +112,22 @@ class AppendReply(_message.Message):
     match_index: int
     def __init__(self, term: _Optional[int] = ..., success: bool = ..., match_index: _Optional[int] = ...) -> None: ...
 
+class SnapshotRequest(_message.Message):
+    __slots__ = ("term", "leader", "last_index", "last_term", "leader_commit", "data")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    leader: str
+    last_index: int
+    last_term: int
+    leader_commit: int
+    data: bytes
+    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., last_index: _Optional[int] = ..., last_term: _Optional[int] = ..., leader_commit: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class ProposeRequest(_message.Message):
     __slots__ = ("command",)
     COMMAND_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class ClusterStub(object):
                 request_serializer=haremq_dot_cluster__pb2.AppendRequest.SerializeToString,
                 response_deserializer=haremq_dot_cluster__pb2.AppendReply.FromString,
                 _registered_method=True)
+        self.InstallSnapshot = channel.unary_unary(
+                '/haremq.cluster.Cluster/InstallSnapshot',
+                request_serializer=haremq_dot_cluster__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=haremq_dot_cluster__pb2.AppendReply.FromString,
+                _registered_method=True)
         self.Propose = channel.unary_unary(
                 '/haremq.cluster.Cluster/Propose',
                 request_serializer=haremq_dot_cluster__pb2.ProposeRequest.SerializeToString,
@@ -95,6 +100,13 @@ class ClusterServicer(object):
 
     def AppendEntries(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InstallSnapshot(self, request, context):
+        """Log compaction: a follower whose next entry the leader compacted away gets its snapshot.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -152,6 +164,11 @@ def add_ClusterServicer_to_server(servicer, server):
             'AppendEntries': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendEntries,
                     request_deserializer=haremq_dot_cluster__pb2.AppendRequest.FromString,
+                    response_serializer=haremq_dot_cluster__pb2.AppendReply.SerializeToString,
+            ),
+            'InstallSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.InstallSnapshot,
+                    request_deserializer=haremq_dot_cluster__pb2.SnapshotRequest.FromString,
                     response_serializer=haremq_dot_cluster__pb2.AppendReply.SerializeToString,
             ),
             'Propose': grpc.unary_unary_rpc_method_handler(
@@ -260,6 +277,33 @@ class Cluster(object):
             target,
             '/haremq.cluster.Cluster/AppendEntries',
             haremq_dot_cluster__pb2.AppendRequest.SerializeToString,
+            haremq_dot_cluster__pb2.AppendReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InstallSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/haremq.cluster.Cluster/InstallSnapshot',
+            haremq_dot_cluster__pb2.SnapshotRequest.SerializeToString,
             haremq_dot_cluster__pb2.AppendReply.FromString,
             options,
             channel_credentials,

@@ -112,10 +112,9 @@ def _valid_record_after(data: bytes, pos: int) -> bool:
     return False
 
 
-def write_atomically(path: Path, blob: bytes) -> None:
-    """Replace `path` with `blob`: write a temporary file to its end, fsync, rename, fsync the directory."""
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def write_synced(path: Path, blob: bytes) -> None:
+    """`path` holds `blob`, written to its end and fsynced (its name is not synced: see below)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(blob)
         while view:              # a write may take less than it was given
@@ -123,8 +122,24 @@ def write_atomically(path: Path, blob: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_atomically(path: Path, blob: bytes, tmp: Path | None = None) -> None:
+    """Replace `path` with `blob`: write a temporary file to its end, fsync, rename, fsync the directory."""
+    tmp = tmp or path.with_suffix(".tmp")
+    write_synced(tmp, blob)
     os.replace(tmp, path)
     sync_directory(path.parent)
+
+
+def truncate_synced(path: Path, size: int) -> None:
+    """Cut `path` to `size` bytes and fsync it (a torn last write dropped)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # ---- the state the records make ---------------------------------------------------------------
@@ -187,9 +202,8 @@ class MetaState:
             vhost = self.vhosts[name] = _VHost()
         return vhost
 
-    def apply(self, raw: bytes, change: dict | None = None) -> None:
-        if change is None:
-            change = json.loads(raw)
+    def apply(self, raw: bytes) -> None:
+        change = json.loads(raw)
         op = change["op"]
         if op == "queue":
             q = change["queue"]
@@ -318,7 +332,6 @@ class Recovery:
         self.number = 1               # the log file appends go on in ...
         self.size = 0                 # ... from this offset
         self.replayed = 0             # records replayed from the log
-        self.torn_tail: tuple[int, int] | None = None
 
 
 def recover(directory: Path, skip_corrupt: bool = False, log=None) -> Recovery:
@@ -355,25 +368,15 @@ def recover(directory: Path, skip_corrupt: bool = False, log=None) -> Recovery:
         if end < len(data):
             if last and not _valid_record_after(data, end):
                 log.warning("dropping torn metadata record at the tail", file=path.name, offset=end)
-                found.torn_tail = (number, end)
-                _truncate(path, end)
+                truncate_synced(path, end)
             elif not skip_corrupt:
                 raise MetaError(f"corrupt record in metadata log {path.name} at offset {end}; "
                                 "start with --skip-corrupt to drop the rest of that file")
             else:
                 log.error("skipping corrupt rest of metadata log", file=path.name, offset=end)
-                _truncate(path, end)
+                truncate_synced(path, end)
         found.number, found.size = number, end
     return found
-
-
-def _truncate(path: Path, size: int) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.ftruncate(fd, size)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---- writing: the log (writer thread) and the snapshots (their own thread) ------------------------
@@ -434,7 +437,6 @@ class Snapshotter:
         self._partial = (recovery.number, recovery.size)
         self.threshold = max(LOG_MIN, recovery.snapshot_size)
         self.snapshots = 0
-        self.failed: OSError | None = None
         self.log = structlog.get_logger("haremq.store").bind(node=node)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._applied = recovery.number - 1     # the state holds the log files up to this one
@@ -467,7 +469,6 @@ class Snapshotter:
                 self._take(number)
             except (OSError, MetaError, ValueError) as exc:
                 # the log files stay until a later snapshot covers them: nothing is lost
-                self.failed = exc if isinstance(exc, OSError) else None
                 self.log.error("metadata snapshot failed; the log is kept", error=str(exc))
 
     def _take(self, number: int) -> None:
@@ -493,5 +494,4 @@ class Snapshotter:
         self.covered = number
         self.threshold = max(LOG_MIN, len(blob))
         self.snapshots += 1
-        self.failed = None
         self.log.info("metadata snapshot written", covers=number, bytes=len(blob))
