@@ -12,19 +12,13 @@ read from the queue (paged-out messages from the store) a batch at a time while
 the queue keeps serving, then the live log. Mirroring wraps the queue: the
 master's queue pages to its store exactly as an unmirrored one does.
 
-Synchronisation, one link at a time:
-  syncing  -> the mirror has not yet applied the snapshot;
-  manual   -> no snapshot was sent: waits until every message older than the
-              stream has left the queue (RabbitMQ's manual sync mode);
-  catching -> the mirror holds the snapshot; from now on confirms wait for it
-              too, and it is caught up once it has everything the master had
-              when it entered this phase;
-  proposing-> "mirror synced" is going through the metadata log;
-  synced   -> the log says so: it may be promoted, confirms wait for it.
-Confirms wait for every synced mirror (by the log) and every catching one, so a
-mirror the log calls synchronised holds every message ever confirmed. A synced
-mirror that stops answering is dropped from the log's in-sync set after the
-failure timeout, and only then do confirms go on without it.
+Synchronisation, one link at a time, is cluster/mirror_link_machine.py's
+LinkMachine: its phases (syncing, manual, catching, proposing, synced, ...) and
+when a mirror is proposed synchronised or dropped; a MirrorLink carries out what
+it asks. Confirms wait for every synced mirror (by the log) and every catching
+one, so a mirror the log calls synchronised holds every message ever confirmed.
+A synced mirror that stops answering is dropped from the log's in-sync set after
+the failure timeout, and only then do confirms go on without it.
 """
 from __future__ import annotations
 
@@ -39,6 +33,8 @@ from haremq.node.broker.queue import ContentsReader
 from haremq.node.broker.commands import QueueMirrorDropped, QueueMirrorSynced
 
 from .codec import message_to_pb
+from .mirror_link_machine import (AFTER_STREAM, Action, LinkMachine, LinkPhase, ProposeDropped, ProposeSynced,
+                                  Restart)
 from .rpc import cluster_pb2 as pb
 
 ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, pb.MirrorOp.REMOVE,
@@ -46,7 +42,6 @@ ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, p
 SNAPSHOT_BATCH = 1000
 RECONCILE_BATCH = 50_000     # keys per batch of a reconcile
 MAX_BATCH_OPS = 4000
-IN_CONFIRM_SET = ("catching", "proposing", "synced")
 
 
 def enqueue_op(seq: int, message, redelivered: bool, expires: float, seen=None):
@@ -180,8 +175,7 @@ class Replicator:
         """Every mirror the log calls synchronised, or may call so: one whose "synced" entry is
         in flight counts even if its stream dropped meanwhile, until the entry is decided."""
         nodes = set(self.state.synced)
-        nodes.update(n for n, link in self.links.items()
-                     if link.phase in IN_CONFIRM_SET or link.proposing or link.owed)
+        nodes.update(n for n, link in self.links.items() if link.machine.counts_for_confirms)
         nodes.discard(self.mirroring.node)
         return nodes
 
@@ -220,73 +214,50 @@ class Replicator:
 
     # ---- housekeeping, every tick --------------------------------------------------------------
     def tick(self, now: float, timeout: float) -> None:
-        state = self.state
+        synced = self.state.synced
         oldest = self.waiting[0] if self.waiting else None
+        waiting = (oldest[0], oldest[3]) if oldest is not None else None
+
+        def oldest_key() -> int:        # read only for a link in manual sync
+            return self.queue.oldest_seq
+
         for node, link in self.links.items():
-            if link.phase == "manual" and self.queue.oldest_seq > link.cut_key:
-                link.caught_up_from(self.seq)
-            if link.phase == "catching" and link.acked >= link.join_seq:
-                link.propose_synced()
-            if node in state.synced and not link.dropping:
-                # stalled: owes an ack for a waiting confirm and has acked nothing for `timeout`
-                stalled = oldest is not None and link.acked < oldest[0] and \
-                    now - max(oldest[3], link.acked_at) > timeout
-                if stalled or not link.streaming:
-                    link.propose_dropped("stopped answering" if stalled else "stream lost")
+            link.carry_out(link.machine.tick(now, oldest_key=oldest_key, master_seq=self.seq, in_synced=node in synced,
+                                             oldest_waiting=waiting, timeout=timeout))
         self.trim()
         self.release()
 
     def on_synced_changed(self) -> None:
         """The log added or dropped an in-sync mirror."""
         for node, link in self.links.items():
-            if node in self.state.synced:
-                if link.phase in ("proposing", "synced"):
-                    link.phase = "synced"
-                elif not link.dropping:      # it started over meanwhile: not in sync after all
-                    link.propose_dropped("resynchronising")
-            elif link.phase == "synced":
-                link.phase = "dropped"
-                link.restart()
+            link.carry_out(link.machine.synced_changed(node in self.state.synced))
         self.release()
 
     def status(self) -> dict:
         rows = {}
         for node, link in self.links.items():
-            rows[node] = {"state": link.phase, "acked": link.acked,
+            rows[node] = {"state": link.phase.value, "acked": link.acked,
                           "sync": f"{link.sync_sent}/{link.sync_total}" if link.sync_total else None}
         return {"seq": self.seq, "links": rows}
 
 
 class MirrorLink:
-    """The master's stream to one mirror; reconnects (with a fresh reset) until closed."""
+    """The master's stream to one mirror; reconnects (with a fresh reset) until closed. Its
+    phases are its LinkMachine's; this carries out what the machine asks."""
 
     def __init__(self, replicator: Replicator, node: str, force_sync: bool = False,
                  reconcile_upto: int | None = None):
         self.rep = replicator
         self.node = node
-        # a promoted master's first stream to a mirror that was in sync with the old master: keys
-        # up to this one are sent as keys only, and the mirror asks for what it lacks
-        self.reconcile_upto = reconcile_upto
-        # such a mirror had every confirmed message: until its first stream ends, confirms wait
-        # for it as they did under the old master (a promotion must not leave one copy)
-        self.owed = reconcile_upto is not None
+        self.machine = LinkMachine(force_sync, reconcile_upto)
         self.fills: deque = deque()         # key lists the mirror asked for
-        self.phase = "connecting"
-        self.acked = 0
-        self.acked_at = 0.0
         self.sent_upto = 0
-        self.join_seq = 0
-        self.cut_key = 0
         self.sync_total = self.sync_sent = 0
-        self.streaming = False
-        self.force_sync = force_sync
-        self.proposing = False
         self.incarnation = ""               # the mirror's, as the log named it when the stream began
-        self.dropping: set[str] = set()
         self.closed = False
         self._event = asyncio.Event()
         self._stream_id = 0
-        self._call = None
+        self._call: grpc.aio.StreamStreamCall | None = None     # the stream now open
         self._task = replicator.mirroring.tasks.spawn(self._run())   # cancelled on close, awaited by mirroring
 
     def wake(self) -> None:
@@ -299,57 +270,57 @@ class MirrorLink:
         if self._call is not None:
             self._call.cancel()
 
+    # ---- what the machine holds, as the replicator, mirroring and ctl read it ----------------
+    @property
+    def phase(self) -> LinkPhase:
+        return self.machine.phase
+
+    @property
+    def acked(self) -> int:
+        return self.machine.acked
+
+    @property
+    def streaming(self) -> bool:
+        return self.machine.streaming
+
     def restart(self, force_sync: bool | None = None) -> None:
         """Start over with a reset (ctl sync-queue, cancel-sync-queue, or a dropped mirror)."""
-        if force_sync is not None:
-            self.force_sync = force_sync
-        if self._call is not None:
-            self._call.cancel()
+        self.carry_out([self.machine.restart(force_sync)])
 
-    def caught_up_from(self, seq: int) -> None:
-        self.owed = False
-        self.phase = "catching"
-        self.join_seq = seq
-
-    def propose_synced(self) -> None:
-        self.phase = "proposing"
-        self.proposing = True
-        state = self.rep.state
-        self.rep.mirroring.cluster.submit(
-            QueueMirrorSynced(state.vhost, state.name, self.node, state.epoch, self.incarnation),
-            self._synced_decided)
+    # ---- the machine's actions -------------------------------------------------------------
+    def carry_out(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, ProposeSynced):
+                state = self.rep.state
+                self.rep.mirroring.cluster.submit(
+                    QueueMirrorSynced(state.vhost, state.name, self.node, state.epoch, self.incarnation),
+                    self._synced_decided)
+            elif isinstance(action, ProposeDropped):
+                state = self.rep.state
+                self.rep.log.warning("dropping mirror from the in-sync set", mirror=self.node, reason=action.reason)
+                self.rep.mirroring.submit(QueueMirrorDropped(state.vhost, state.name, self.node, state.epoch),
+                                          lambda _ok, reason=action.reason: self.machine.dropped_decided(reason))
+            elif isinstance(action, Restart):
+                if self._call is not None:
+                    self._call.cancel()
 
     def _synced_decided(self, result, err) -> None:
-        self.proposing = False
-        if err is not None:
-            if self.phase == "proposing":
-                self.phase = "catching"      # tried again on the next tick
-        elif not (result or {}).get("synced", True) and not self.closed:
-            # refused in log order (the mirror restarted since this stream began, or the queue
-            # moved): this stream proves nothing; a fresh one syncs it again
+        synced = err is None and (result or {}).get("synced", True)
+        if err is None and not synced and not self.closed:
             self.rep.log.info("mirror's synced entry refused: streaming to it afresh", mirror=self.node)
-            self.phase = "down"
-            self.restart(force_sync=True)
-
-    def propose_dropped(self, reason: str) -> None:
-        state = self.rep.state
-        self.dropping.add(reason)
-        self.rep.log.warning("dropping mirror from the in-sync set", mirror=self.node, reason=reason)
-        self.rep.mirroring.submit(QueueMirrorDropped(state.vhost, state.name, self.node, state.epoch),
-                                  lambda _ok: self.dropping.discard(reason))
+        self.carry_out(self.machine.synced_decided(err is not None, synced, self.closed))
 
     async def _run(self) -> None:
         mirroring = self.rep.mirroring
+        machine = self.machine
         while not self.closed:
-            if self.node in self.rep.state.synced or self.proposing:
-                await asyncio.sleep(0.05)    # a fresh stream waits until the log has dropped it
-                continue
             peer = mirroring.peer(self.node)
-            if peer is None or not mirroring.is_up(self.node):
-                self.owed = False
-                self.phase = "down"
-                await asyncio.sleep(0.2)
+            wait = machine.wait_before_stream(self.node in self.rep.state.synced,
+                                              peer is not None and mirroring.is_up(self.node))
+            if wait:
+                await asyncio.sleep(wait)
                 continue
+            wants_all = False
             try:
                 await self._stream(peer)
             except asyncio.CancelledError:
@@ -362,45 +333,39 @@ class MirrorLink:
                 self.rep.log.info("mirror refused the stream", mirror=self.node, reason=str(exc))
             except MirrorWantsAll:
                 self.rep.log.info("mirror cannot be reconciled: syncing it whole", mirror=self.node)
-                self.reconcile_upto = None
+                wants_all = True
             finally:
-                self.streaming = False
                 self._call = None
-                self.owed = False
-            if self.phase != "synced":
-                self.phase = "down"
-            await asyncio.sleep(0.1)
+                machine.stream_ended(wants_all)
+            await asyncio.sleep(AFTER_STREAM)
 
     async def _stream(self, peer) -> None:
         rep = self.rep
         state = rep.state
-        full = self.force_sync or state.sync_mode == "automatic"
-        reconcile = full and self.reconcile_upto is not None
+        machine = self.machine
         base = rep.seq
+        reconcile_upto = machine.reconcile_upto
+        full, reconcile = machine.stream_started(base, rep.queue.next_seq - 1, state.sync_mode == "automatic")
         reader = ContentsReader(rep.queue) if full else None
         keys = None
-        if reconcile:
-            keys = rep.queue.keys_upto(self.reconcile_upto)
-            reader.cursor = self.reconcile_upto + 1     # newer messages are sent whole
-        self.cut_key = rep.queue.next_seq - 1
+        if reconcile and reader is not None and reconcile_upto is not None:    # reconcile: both are
+            keys = rep.queue.keys_upto(reconcile_upto)
+            reader.cursor = reconcile_upto + 1     # newer messages are sent whole
         self.incarnation = rep.mirroring.incarnations.get(self.node, "")   # the mirror this stream reaches
         # the id cache as of base: the mirror's copy is replaced by it whatever the sync mode
         # (ids outlive their messages, so no snapshot of the messages brings them)
         ids = rep.queue.dedup.entries() if rep.queue.dedup is not None else []
         self.sent_upto = base
-        self.acked = 0
         self.fills.clear()
         self.sync_total, self.sync_sent = (reader.total if reader else 0), 0
-        self.phase = "syncing"
-        self.streaming = True
         if self.sync_total:
             rep.log.info("reconciling mirror" if reconcile else "syncing mirror", mirror=self.node,
                           messages=self.sync_total)
         self._event = asyncio.Event()       # a generator of an earlier stream may linger: not woken
         self._stream_id += 1
-        self._call = peer.stub.Mirror(self._batches(reader, base, self._stream_id, self._event, keys, ids),
-                                      metadata=rep.mirroring.call_metadata())
-        async for ack in self._call:
+        self._call = call = peer.stub.Mirror(self._batches(reader, base, self._stream_id, self._event, keys, ids),
+                                             metadata=rep.mirroring.call_metadata())
+        async for ack in call:
             if ack.error:
                 raise MirrorRefused(ack.error)
             if ack.resync:
@@ -409,21 +374,12 @@ class MirrorLink:
                 self.fills.append(list(ack.missing))
                 self.wake()
                 continue
-            self.acked = ack.seq
-            self.acked_at = time.monotonic()
-            if self.phase == "syncing" and ack.seq >= base:
+            if machine.phase is LinkPhase.SYNCING and ack.seq >= base:
                 self.sync_total = self.sync_sent = 0
-                if full:
-                    if reader.sent or reconcile:
-                        rep.log.info("mirror holds the snapshot", mirror=self.node, messages=reader.sent,
-                                      reconciled=reconcile)
-                    self.caught_up_from(rep.seq)
-                    self.force_sync = False
-                    self.reconcile_upto = None
-                else:
-                    self.phase = "manual"
-            if self.phase == "catching" and self.acked >= self.join_seq:
-                self.propose_synced()
+                if reader is not None and (reader.sent or reconcile):      # a full sync
+                    rep.log.info("mirror holds the snapshot", mirror=self.node, messages=reader.sent,
+                                  reconciled=reconcile)
+            self.carry_out(machine.acked_upto(ack.seq, time.monotonic(), rep.seq))
             rep.release()
             rep.mirroring.broker.send_confirms()
 
@@ -454,7 +410,7 @@ class MirrorLink:
     async def _batches(self, reader, base: int, stream_id: int, event: asyncio.Event, keys=None, ids=()):
         rep = self.rep
         state = rep.state
-        head = dict(vhost=state.vhost, queue=state.name, epoch=state.epoch, master=rep.mirroring.node)
+        head = {"vhost": state.vhost, "queue": state.name, "epoch": state.epoch, "master": rep.mirroring.node}
         yield pb.MirrorBatch(reset=True, base_seq=base, snapshot_done=reader is None, reconcile=keys is not None,
                              dedup_size=rep.dedup_size, dedup_ids=[key for key, _at in ids],
                              dedup_seen_ms=[at for _key, at in ids], **head)
@@ -498,8 +454,12 @@ class MirrorLink:
             yield pb.MirrorBatch(first_seq=first, ops=ops, dedup_size=rep.dedup_size)
 
 
-def _next_write(store) -> asyncio.Future:
+def _next_write(store) -> asyncio.Future[None]:
     """Done once the store's next write is durable (a paged-out message is in the file then)."""
-    written = asyncio.get_running_loop().create_future()
-    store.when_durable(lambda _ok: written.done() or written.set_result(None))
+    written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def durable(_ok: bool) -> None:
+        if not written.done():
+            written.set_result(None)
+    store.when_durable(durable)
     return written
