@@ -4,7 +4,7 @@ its methods (no sockets: the classes themselves are read)."""
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -19,7 +19,7 @@ from haremq.node.app import ClusterSide
 from haremq.node.broker.queue import Queue
 from haremq.node.ctl import ControlPort
 
-IMPLEMENTATIONS = [
+IMPLEMENTATIONS: list[tuple[type, type]] = [
     (MetadataPort, ClusterNode), (MetadataPort, LocalMetadata),
     (QueuePort, Queue), (QueuePort, RemoteQueue),
     (ConsumerChannel, Channel), (ConsumerChannel, LinkChannel),
@@ -43,19 +43,19 @@ if TYPE_CHECKING:
 MISSING = object()
 
 
-def members(port) -> dict:
+def members(port: type) -> dict[str, Any]:
     return {name: value for name, value in vars(port).items()
             if inspect.isfunction(value) or isinstance(value, property)}
 
 
-def assigned_in_init(cls, name: str) -> bool:
+def assigned_in_init(cls: type, name: str) -> bool:
     """An attribute a port reads as a property may be a plain one set by the constructor."""
     init = getattr(cls, "__init__", None)
     return inspect.isfunction(init) and name in init.__code__.co_names
 
 
 @pytest.mark.parametrize("port,cls", IMPLEMENTATIONS, ids=[f"{p.__name__}-{c.__name__}" for p, c in IMPLEMENTATIONS])
-def test_an_implementation_has_every_member_of_its_port(port, cls):
+def test_an_implementation_has_every_member_of_its_port(port: type, cls: type) -> None:
     for name, wanted in members(port).items():
         found = inspect.getattr_static(cls, name, MISSING)
         if found is MISSING and isinstance(wanted, property) and assigned_in_init(cls, name):
