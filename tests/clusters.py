@@ -11,6 +11,8 @@ import sys
 import tempfile
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -260,6 +262,56 @@ def stop_cluster(members, partition) -> None:
                 pass
         m.kill9()
     partition["close"]()
+
+
+class Cluster(list):
+    """The `cluster` fixture's three running members, hare1, hare2 and hare3 in that order: a list
+    (`hare1, hare2, hare3 = cluster`), and by name (`cluster["hare2"]`). `partition["cut"]()`
+    isolates hare1 (every link to it runs through a proxy) and `partition["heal"]()` undoes it."""
+
+    def __init__(self, members, partition):
+        super().__init__(members)
+        self.partition = partition
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            for member in self:
+                if member.name == key:
+                    return member
+            raise KeyError(key)
+        return super().__getitem__(key)
+
+    def values(self) -> list:
+        return list(self)
+
+
+def managed_cluster(tmp_path, failure_timeout: float = 3.0):
+    """proxied_cluster() whose members serve the management API and /metrics: each member's
+    `management_port` and `prometheus_port`. Returns ({name: member}, partition)."""
+    ports = {n: (free_port(), free_port()) for n in ("hare1", "hare2", "hare3")}
+    extra = {n: ["--management-port", str(m), "--prometheus-port", str(p)] for n, (m, p) in ports.items()}
+    members, partition = proxied_cluster(tmp_path, failure_timeout=failure_timeout, extra_args=extra)
+    for m in members:
+        m.management_port, m.prometheus_port = ports[m.name]
+    return {m.name: m for m in members}, partition
+
+
+@contextmanager
+def running_cluster(tmp_path, failure_timeout: float = 3.0, management: bool = False) -> Iterator[Cluster]:
+    """Three proxied members for the length of a `with`; every member is killed at the end (a
+    SIGSTOPped one too) and the proxies closed. 3 s before a silent member is down: a shared
+    2-core machine can starve a node for a second (a killed one, whose port refuses
+    connections, is down at once)."""
+    if management:
+        by_name, partition = managed_cluster(tmp_path, failure_timeout)
+        members = list(by_name.values())
+    else:
+        members, partition = proxied_cluster(tmp_path, failure_timeout)
+    cluster = Cluster(members, partition)
+    try:
+        yield cluster
+    finally:
+        stop_cluster(list(cluster), partition)
 
 
 # ---- a plain cluster for client tests ------------------------------------------------------------------

@@ -9,6 +9,7 @@ Every test talks to a broker over TCP, exactly like a real client would.
   an untouched broker.
 * ``own_node`` is a ``fresh_node`` the test may kill/stop; it is skipped in
   reference mode.
+* ``cluster``: three cluster members (tests/clusters.py), set up by ``pytest.mark.cluster(...)``.
 * ``node_or_cluster_member`` (module scope) is the ``node`` of the per-client modules
   (tests/test_client_*.py): a single node, then a member of a three-node cluster.
 * Reference mode: if ``HAREMQ_TEST_REF_PORT`` is set, nothing is started and
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 
 import pika
@@ -301,6 +303,36 @@ def node_or_cluster_member(tmp_path_factory, request):
     finally:
         for m in members:
             m.kill9()
+
+
+@pytest.fixture(scope="module")
+def _module_clusters():
+    """Clusters shared by a module's tests (`pytest.mark.cluster(shared=True)`), stopped at its end."""
+    with ExitStack() as stack:
+        yield stack, {}
+
+
+@pytest.fixture
+def cluster(request, tmp_path, _module_clusters):
+    """Three cluster members as real processes, hare1's links through proxies that can be cut
+    (tests/clusters.py: Cluster, running_cluster), stopped after the test. A module or test says
+    how with `pytest.mark.cluster(failure_timeout=3.0, management=False, shared=False)`:
+    `management` gives each member the management API and /metrics, `shared` starts one cluster
+    for every test of the module (tests that kill no member). Skipped in reference mode."""
+    if IS_REF:
+        pytest.skip("starts and kills cluster node processes")
+    from tests.clusters import running_cluster
+    marker = request.node.get_closest_marker("cluster")
+    options = dict(marker.kwargs) if marker is not None else {}
+    if options.pop("shared", False):
+        stack, started = _module_clusters
+        if "cluster" not in started:
+            workdir = request.getfixturevalue("tmp_path_factory").mktemp("cluster")
+            started["cluster"] = stack.enter_context(running_cluster(workdir, **options))
+        yield started["cluster"]
+        return
+    with running_cluster(tmp_path, **options) as members:
+        yield members
 
 
 @pytest.fixture

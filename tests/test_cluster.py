@@ -14,24 +14,15 @@ import grpc
 import pika
 import pytest
 
-from tests.clusters import (SECRET, ClusterMember, control, ctl, ctl_json, launch, leader_and_term, proxied_cluster,
-                            queue_row)
+from tests.clusters import (SECRET, ClusterMember, control, ctl, ctl_json, launch, leader_and_term, queue_row)
 from tests.conftest import IS_REF, free_port, port_open, wait_until
 
-pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    members, partition = proxied_cluster(tmp_path)
-    yield members, partition
-    for m in members:
-        m.kill9()
-    partition["close"]()
+pytestmark = [pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes"),
+              pytest.mark.cluster(failure_timeout=1.5)]
 
 
 def test_cluster_status_lists_three_members_all_up(cluster):
-    members, _ = cluster
+    members = cluster
     status = wait_until(lambda: (lambda s: s if all(m["up"] for m in s["members"]) else None)(
         ctl_json(members[1], "cluster-status")), timeout=10)
     assert sorted(m["name"] for m in status["members"]) == ["hare1", "hare2", "hare3"]
@@ -41,8 +32,8 @@ def test_cluster_status_lists_three_members_all_up(cluster):
 
 
 def test_list_queues_spans_the_cluster(cluster):
-    members, _ = cluster
-    for i, m in enumerate(members):
+    members = cluster
+    for m in members:
         c = pika.BlockingConnection(pika.URLParameters(m.url))
         c.channel().queue_declare(f"q.on.{m.name}", durable=True)
         c.close()
@@ -54,7 +45,7 @@ def test_list_queues_spans_the_cluster(cluster):
 def test_calls_without_the_secret_are_refused(cluster):
     from haremq.cluster.rpc import cluster_pb2 as pb
     from haremq.cluster.rpc import cluster_pb2_grpc as pbg
-    members, _ = cluster
+    members = cluster
     with grpc.insecure_channel(f"127.0.0.1:{members[0].cluster_port}") as channel:
         stub = pbg.ClusterStub(channel)
         for metadata in ((), (("x-haremq-secret", "wrong"),)):
@@ -79,7 +70,7 @@ def tempfile_secret(directory: Path) -> Path:
 
 
 def test_killed_member_is_reported_down_and_survivors_serve(cluster):
-    members, _ = cluster
+    members = cluster
     members[2].kill9()
     wait_until(lambda: not next(m for m in ctl_json(members[0], "cluster-status")["members"]
                                 if m["name"] == "hare3")["up"], timeout=10, message="hare3 never reported down")
@@ -96,7 +87,7 @@ def test_killed_member_is_reported_down_and_survivors_serve(cluster):
 
 
 def test_minority_side_pauses_and_resumes_after_healing(cluster):
-    members, partition = cluster
+    members, partition = cluster, cluster.partition
     hare1 = members[0]
     c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", hare1.port))
     closed = []
@@ -125,7 +116,7 @@ def test_a_returning_member_does_not_raise_the_term_while_the_leader_is_healthy(
     """A member that was stopped (SIGSTOP) or cut off, and comes back, must not call an election
     that deposes the leader the other two still follow (pre-vote, leader stickiness): the leader
     and the Raft term stay the same throughout, and the member follows that leader again."""
-    members, partition = cluster
+    members, partition = cluster, cluster.partition
     leader, term = wait_until(lambda: leader_and_term(members), timeout=15)
     if away == "stopped":
         returning = next(m for m in members if m.name != leader)
@@ -215,7 +206,7 @@ def _pump(connection, seconds):
 
 
 def test_queue_on_one_node_used_through_the_others(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     c1, ch1 = _chan(hare1)
     ch1.queue_declare("mir7.q", durable=True)
@@ -249,7 +240,7 @@ def test_queue_on_one_node_used_through_the_others(cluster):
 
 def test_global_prefetch_caps_a_channel_consuming_queues_homed_elsewhere(cluster):
     # QOS-1: global=true caps the channel as a whole, wherever its queues live
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     for member in (hare1, hare3):
         _, ch = _chan(member)
@@ -281,7 +272,7 @@ def test_global_prefetch_caps_a_channel_consuming_queues_homed_elsewhere(cluster
 def test_per_message_expiration_through_another_node(cluster):
     # PUB: a message's own `expiration` works the same when published via a node that is not
     # the queue's home (it is checked there against the queue's x-message-ttl)
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     _, ch1 = _chan(hare1)
     ch1.queue_declare("exp.remote", arguments={"x-message-ttl": 60000})
@@ -300,7 +291,7 @@ def test_per_message_expiration_through_another_node(cluster):
 
 def test_consumer_priority_through_another_node(cluster):
     # x-priority reaches the queue's home: the higher consumer takes everything it has room for
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     _, ch1 = _chan(hare1)
     ch1.queue_declare("prio.remote")
@@ -318,7 +309,7 @@ def test_consumer_priority_through_another_node(cluster):
 
 def test_direct_reply_to_across_nodes(cluster):
     # RPC with amq.rabbitmq.reply-to: the requester on hare1, the server on hare2
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     cc, client = _chan(hare1)
     sc, server = _chan(hare2)
@@ -329,7 +320,7 @@ def test_direct_reply_to_across_nodes(cluster):
     for i in range(3):
         client.basic_publish("", "rpc.requests", str(i).encode(),
                              pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", correlation_id=f"c-{i}"))
-    for i in range(3):
+    for _ in range(3):
         method, props, body = wait_until(lambda: (r := server.basic_get("rpc.requests", auto_ack=True))[0] and r,
                                          timeout=5)
         for part in range(100):                     # many replies to one request keep their order
@@ -348,7 +339,7 @@ def test_direct_reply_to_across_nodes(cluster):
 def test_queue_delete_conditions_through_another_node(cluster):
     # queue.delete if-empty / if-unused asked on a node that is not the home: the home's counts
     # decide, and a refused delete leaves the queue on every node
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     c1, ch1 = _chan(hare1)
     ch1.queue_declare("del.remote")
@@ -375,7 +366,7 @@ def test_queue_delete_conditions_through_another_node(cluster):
 def test_forget_node_removes_a_dead_member_for_good(cluster):
     # ctl forget-node: refused for a member that is up; for a dead one, every member (and one
     # that restarts later) forgets it, and its unmirrored queues go, as in RabbitMQ
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
 
     def ch_for(name):
@@ -429,7 +420,7 @@ def test_forget_node_removes_a_dead_member_for_good(cluster):
 def test_exclusive_consumer_conflicts_through_another_node_fail_the_consume(cluster):
     # basic.consume via a node that is not the home: consume-ok only once the home has the
     # consumer, so an exclusive-use conflict there fails the consume itself (403)
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     _, ch1 = _chan(hare1)
     ch1.queue_declare("excl.cons")
@@ -450,7 +441,7 @@ def test_exclusive_consumer_conflicts_through_another_node_fail_the_consume(clus
 
 def test_raising_a_global_prefetch_reaches_consumers_of_queues_homed_elsewhere(cluster):
     # QOS-4: a new prefetch applies to consumers that already exist, wherever their queue lives
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     _, ch1 = _chan(hare1)
     ch1.queue_declare("qos.raise")
@@ -469,7 +460,7 @@ def test_raising_a_global_prefetch_reaches_consumers_of_queues_homed_elsewhere(c
 
 
 def test_unacked_remote_deliveries_requeue_when_the_client_goes(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     c1, ch1 = _chan(hare1)
     ch1.queue_declare("mir7.requeue")
@@ -485,7 +476,7 @@ def test_unacked_remote_deliveries_requeue_when_the_client_goes(cluster):
 
 
 def test_exchanges_and_bindings_are_replicated(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _, ch3 = _chan(hare3)
     ch3.exchange_declare("mir7.topic", "topic", durable=True)
@@ -504,7 +495,7 @@ def test_exchanges_and_bindings_are_replicated(cluster):
 
 
 def test_home_node_down_then_rejoins_with_its_durable_queues(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _, ch1 = _chan(hare1)
     ch1.queue_declare("mir7.durable", durable=True)
@@ -537,7 +528,7 @@ def test_home_node_down_then_rejoins_with_its_durable_queues(cluster):
 
 
 def test_users_and_permissions_made_with_ctl_work_on_every_node(cluster):
-    members, _ = cluster
+    members = cluster
     for args in (("add-vhost", "mir7v"), ("add-user", "carol", "pw"),
                  ("set-permissions", "-p", "mir7v", "carol", "^carol\\.", ".*", ".*")):
         r = ctl(members[0], *args)
@@ -600,7 +591,7 @@ def test_cluster_port_with_mutual_tls(tmp_path):
 
 
 def test_dead_letters_and_auto_delete_across_nodes(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _, ch2 = _chan(hare2)
     ch2.queue_declare("mir7.dlq")                               # homed on hare2
@@ -629,7 +620,7 @@ def test_dead_letters_and_auto_delete_across_nodes(cluster):
 
 
 def test_metadata_changes_go_on_after_the_leader_dies(cluster):
-    members, _ = cluster
+    members = cluster
     leader = wait_until(lambda: ctl_json(members[0], "cluster-status")["leader"], timeout=10)
     victim = next(m for m in members if m.name == leader)
     survivors = [m for m in members if m is not victim]
@@ -644,7 +635,7 @@ def test_metadata_changes_go_on_after_the_leader_dies(cluster):
 
 def test_publisher_gets_nacks_not_a_closed_channel_when_a_home_dies(cluster):
     # CONF-5 across nodes: a publish the broker cannot take responsibility for is nacked
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     _, ch1 = _chan(hare1)
     ch1.queue_declare("home.dies", durable=True)
@@ -663,7 +654,7 @@ def test_publisher_gets_nacks_not_a_closed_channel_when_a_home_dies(cluster):
 
 def test_tx_commit_through_another_node_survives_a_kill_of_each_home(cluster):
     # CONF-8: commit-ok means durable on every home node, so a kill -9 right after loses nothing
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     for member in members:
         _, ch = _chan(member)
@@ -696,7 +687,7 @@ def test_tx_commit_through_another_node_survives_a_kill_of_each_home(cluster):
 
 
 def test_purge_from_another_node(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     _, ch1 = _chan(hare1)
     ch1.queue_declare("purge.me")
@@ -708,7 +699,7 @@ def test_purge_from_another_node(cluster):
 
 
 def test_passive_declare_via_another_node_reports_the_home_counts(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, _, hare3 = members
     _, ch1 = _chan(hare1)
     ch1.queue_declare("counted")

@@ -8,19 +8,12 @@ import json
 import pika
 import pytest
 
-from tests.clusters import ctl, launch, proxied_cluster, queue_row, stop_cluster
+from tests.clusters import ctl, launch, queue_row
 from tests.conftest import IS_REF, wait_until
 
 pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    members, partition = proxied_cluster(tmp_path, failure_timeout=3.0)
-    yield members
-    stop_cluster(list(members), partition)
 
 
 def _policy(member, pattern, definition, name="ha"):

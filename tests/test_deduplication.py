@@ -410,14 +410,6 @@ def _has_records(path) -> bool:
 
 
 # ---- replicated: a mirrored queue's ids on the promoted mirror ---------------------------------------
-@pytest.fixture
-def cluster(tmp_path):
-    from tests.clusters import proxied_cluster, stop_cluster
-    members, partition = proxied_cluster(tmp_path, failure_timeout=3.0)
-    yield members
-    stop_cluster(list(members), partition)
-
-
 def _master(member, name, not_on=()):
     from tests.clusters import queue_row
     return wait_until(lambda: (lambda r: r if r and r["master"] not in not_on and r.get("state") != "down"

@@ -10,29 +10,14 @@ import pytest
 
 from haremq.node.management.stats import WATCH_INTERVAL
 
-from tests.clusters import proxied_cluster, stop_cluster
-from tests.conftest import IS_REF, free_port, unique_name, wait_until
+from tests.clusters import managed_cluster  # noqa: F401 - imported from here by tests/test_quorum_dead_letter.py
+from tests.conftest import IS_REF, unique_name, wait_until
 from tests.management import http, q
 
-pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
+pytestmark = [pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes"),
+              pytest.mark.cluster(management=True)]
 
 NAMES = ("hare1", "hare2", "hare3")
-
-
-def managed_cluster(tmp_path, failure_timeout: float = 3.0):
-    ports = {n: (free_port(), free_port()) for n in NAMES}
-    extra = {n: ["--management-port", str(m), "--prometheus-port", str(p)] for n, (m, p) in ports.items()}
-    members, partition = proxied_cluster(tmp_path, failure_timeout=failure_timeout, extra_args=extra)
-    for m in members:
-        m.management_port, m.prometheus_port = ports[m.name]
-    return {m.name: m for m in members}, partition
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    members, partition = managed_cluster(tmp_path)
-    yield members
-    stop_cluster(list(members.values()), partition)
 
 
 def api(member, method, path, body=None, **kw):

@@ -13,21 +13,12 @@ import pika
 import pytest
 
 from tests.clusters import (SECRET, HostNames, control, ctl, ctl_json, leader_and_term, named_cluster,
-                            proxied_cluster, queue_row, stop_cluster)
+                            proxied_cluster, queue_row)
 from tests.conftest import IS_REF, wait_until
 
 pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    # a shared 2-core machine can starve a node for a second: 3 s before a silent member is down
-    # (a killed one, whose port refuses connections, is down at once)
-    members, partition = proxied_cluster(tmp_path, failure_timeout=3.0)
-    yield members, partition
-    stop_cluster(list(members), partition)
 
 
 def _chan(member, confirm=False):
@@ -118,7 +109,7 @@ def _restart(member):
 
 # ---- placement (MIR-1) --------------------------------------------------------------------------
 def test_ha_modes_place_mirrors(cluster):
-    members, _ = cluster
+    members = cluster
     hare1 = members[0]
     _policy(hare1, r"^all\.", {"ha-mode": "all", "ha-sync-mode": "automatic"}, "p-all")
     _policy(hare1, r"^two\.", {"ha-mode": "exactly", "ha-params": 2}, "p-two")
@@ -137,7 +128,7 @@ def test_ha_modes_place_mirrors(cluster):
 
 
 def test_policy_change_re_places_mirrors_live(cluster):
-    members, _ = cluster
+    members = cluster
     hare1 = members[0]
     c, ch = _chan(hare1)
     ch.queue_declare("live.q", durable=True)
@@ -156,7 +147,7 @@ def test_policy_change_re_places_mirrors_live(cluster):
 
 
 def test_bad_ha_policies_are_refused(cluster):
-    members, _ = cluster
+    members = cluster
     for definition in ({"ha-mode": "some"}, {"ha-mode": "exactly"}, {"ha-mode": "exactly", "ha-params": 0},
                        {"ha-mode": "nodes", "ha-params": "hare2"}, {"ha-sync-mode": "automatic"},
                        {"ha-mode": "all", "ha-promote-on-failure": "sometimes"}):
@@ -167,7 +158,7 @@ def test_bad_ha_policies_are_refused(cluster):
 
 # ---- confirms and failover (MIR-3, MIR-4, MIR-8, CONF-5) ----------------------------------------
 def test_failover_keeps_every_confirmed_message_and_redelivers_unacked(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     oldest = _mirrored_on_all(hare1, "ha.fail", via=hare2)["synchronised_mirrors"][0]
     pc, pub = _chan(hare2, confirm=True)     # publishing through a mirror, to the master on hare1
@@ -196,7 +187,7 @@ def test_acks_that_never_reached_the_mirrors_do_not_deliver_twice(cluster):
     """A client acks persistent messages while the master is frozen (the acks reach the client's
     node, never the mirrors), then the master dies: what it acked is not delivered again, what it
     still held comes back to nobody else and is settled by its answer to the old delivery."""
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _mirrored_on_all(hare1, "ha.acked", via=hare2)
     pc, pub = _chan(hare2, confirm=True)     # through another node: the messages carry a publish id
@@ -226,7 +217,7 @@ def test_a_surviving_mirror_is_reconciled_with_the_new_master_not_copied_again(c
     """The mirror that was in sync with the dead master holds what the promoted one holds: it is
     reconciled by keys (and asks only for what it lacks), is synchronised again, and can itself
     be promoted later with every message, once each, in order."""
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     synced = _mirrored_on_all(hare1, "ha.keep", via=hare2)["synchronised_mirrors"]
     promoted, survivor = [m for name in synced for m in members if m.name == name]
@@ -251,7 +242,7 @@ def test_a_surviving_mirror_is_reconciled_with_the_new_master_not_copied_again(c
 def test_a_consumer_with_its_prefetch_full_goes_on_when_its_node_becomes_master(cluster):
     """The consumer holds a full prefetch of deliveries from the old master when its own node is
     promoted: acking them frees credit on the new master, which delivers the rest."""
-    members, _ = cluster
+    members = cluster
     hare1, _hare2, _hare3 = members
     promoted_name = _mirrored_on_all(hare1, "ha.credit")["synchronised_mirrors"][0]
     promoted = next(m for m in members if m.name == promoted_name)
@@ -281,7 +272,7 @@ def test_a_consumer_with_its_prefetch_full_goes_on_when_its_node_becomes_master(
 def test_messages_unacked_when_mirroring_starts_survive_a_failover(cluster):
     # a policy makes a queue mirrored while a consumer holds deliveries: the mirrors get those
     # too, so a failover after the consumer's node dies loses none of them
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     c, ch = _chan(hare1, confirm=True)
     ch.queue_declare("ha.late", durable=True)
@@ -300,7 +291,7 @@ def test_messages_unacked_when_mirroring_starts_survive_a_failover(cluster):
 
 
 def test_consumers_on_survivors_keep_consuming_or_get_cancel(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _mirrored_on_all(hare1, "ha.consume", via=hare1)
     stay_c, stay = _chan(hare3)
@@ -327,7 +318,7 @@ def test_consumers_on_survivors_keep_consuming_or_get_cancel(cluster):
 
 
 def test_confirm_waits_for_a_stopped_mirror_until_it_is_dropped(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _mirrored_on_all(hare1, "ha.stop", via=hare1)
     _, pub = _chan(hare1, confirm=True)
@@ -350,7 +341,7 @@ def test_confirm_waits_for_a_stopped_mirror_until_it_is_dropped(cluster):
 
 def test_no_synchronised_mirror_means_the_queue_waits_for_its_master(cluster):
     # ha-promote-on-failure=when-synced (the default): an unsynchronised mirror is never promoted
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _policy(hare1, r"^ha\.", {"ha-mode": "exactly", "ha-params": 2})      # manual sync
     c, ch = _chan(hare1, confirm=True)
@@ -378,7 +369,7 @@ def test_no_synchronised_mirror_means_the_queue_waits_for_its_master(cluster):
 
 
 def test_manual_sync_with_ctl_sync_queue(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     _policy(hare1, r"^ha\.", {"ha-mode": "exactly", "ha-params": 2})      # manual sync
     c, ch = _chan(hare1)
@@ -402,7 +393,7 @@ def test_manual_sync_with_ctl_sync_queue(cluster):
 
 
 def test_sync_of_100k_messages_while_the_queue_keeps_serving(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     c, ch = _chan(hare1)
@@ -449,7 +440,7 @@ def test_sync_of_100k_messages_while_the_queue_keeps_serving(cluster):
 
 # ---- fencing (MIR-5) ------------------------------------------------------------------------------
 def test_deposed_master_rejoins_as_a_mirror_and_drops_its_copy(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     c, ch = _chan(hare1, confirm=True)
@@ -474,7 +465,7 @@ def test_deposed_master_rejoins_as_a_mirror_and_drops_its_copy(cluster):
 
 
 def test_partitioned_master_is_fenced_and_nothing_confirmed_is_lost(cluster):
-    members, partition = cluster
+    members, partition = cluster, cluster.partition
     hare1, hare2, hare3 = members
     _mirrored_on_all(hare1, "ha.split", via=hare2)
     assert queue_row(hare2, "ha.split")["master"] == "hare1"
@@ -507,7 +498,7 @@ def test_partitioned_master_is_fenced_and_nothing_confirmed_is_lost(cluster):
 def test_a_stale_epoch_is_refused_by_a_mirror(cluster):
     from haremq.cluster.rpc import cluster_pb2 as pb
     from haremq.cluster.rpc import cluster_pb2_grpc as pbg
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     _policy(hare1, r"^ha\.", {"ha-mode": "all"})
     c, ch = _chan(hare1)
@@ -538,7 +529,7 @@ def _mirrored_dead_letters(hare1):
 
 
 def test_queue_features_survive_a_failover(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     c, ch = _mirrored_dead_letters(hare1)
     queues = {
@@ -582,7 +573,7 @@ def test_queue_features_survive_a_failover(cluster):
 
 def test_a_ttl_deadline_holds_across_a_failover(cluster):
     # the mirrors know when each message expires: the new master does not restart the clock
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     c, ch = _mirrored_dead_letters(hare1)
     ch.queue_declare("ha.deadline", durable=True, arguments={"x-message-ttl": 6000,
@@ -665,7 +656,7 @@ def test_an_alarm_on_one_node_blocks_publishers_on_every_node(tmp_path):
 
 def test_promote_on_shutdown_always_promotes_an_unsynchronised_mirror(cluster):
     # a controlled stop (SIGTERM) follows ha-promote-on-shutdown, not ha-promote-on-failure
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     _policy(hare1, r"^ha\.", {"ha-mode": "exactly", "ha-params": 2, "ha-promote-on-shutdown": "always"})
     c, ch = _chan(hare1, confirm=True)
@@ -702,7 +693,7 @@ def _commit_while_stopped(ch, mirror):
 
 def test_tx_commit_waits_for_the_mirrors(cluster):
     # CONF-8 on a mirrored queue: commit-ok only once every in-sync mirror holds the messages
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _mirrored_on_all(hare1, "ha.tx")
     c, ch = _chan(hare1)
@@ -721,7 +712,7 @@ def test_tx_commit_waits_for_the_mirrors(cluster):
 def test_tx_commit_on_another_node_waits_for_the_home_and_its_mirrors(cluster):
     # CONF-8 through a node that is not the queue's home: commit-ok only once the home has the
     # messages durable and every in-sync mirror holds them
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _mirrored_on_all(hare1, "ha.txr")
     c, ch = _chan(hare2)
@@ -739,7 +730,7 @@ def test_tx_commit_on_another_node_waits_for_the_home_and_its_mirrors(cluster):
 
 def test_get_and_consume_during_a_failover_wait_for_the_new_master(cluster):
     # MIR-7: a client arriving while the master is down and not yet replaced is not refused
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _mirrored_on_all(hare1, "ha.window")
     c, ch = _chan(hare1, confirm=True)
@@ -759,7 +750,7 @@ def test_get_and_consume_during_a_failover_wait_for_the_new_master(cluster):
 
 def test_too_few_synchronised_mirrors_for_the_policy_means_nacks(cluster):
     # ha-min-in-sync-mirrors (HareMQ's): below it a publish is nacked, never confirmed unsafely
-    members, _ = cluster
+    members = cluster
     hare1, hare2, _ = members
     _policy(hare1, r"^ha\.", {"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic",
                               "ha-min-in-sync-mirrors": 1})
@@ -784,7 +775,7 @@ def test_too_few_synchronised_mirrors_for_the_policy_means_nacks(cluster):
 
 
 def test_single_active_consumer_holds_across_a_failover(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     c, ch = _chan(hare1)
@@ -815,7 +806,7 @@ def test_single_active_consumer_holds_across_a_failover(cluster):
 
 
 def test_expiry_with_a_consumer_and_dead_letter_cycles_after_a_failover(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     c, ch = _chan(hare1)
@@ -951,7 +942,7 @@ def test_declare_bind_consume_and_get_on_survivors_wait_for_the_failover(cluster
     # clients that answer a 404 by declaring again (kombu, Celery, Spring) must never see one for a
     # mirrored queue with an in-sync mirror, on any node, and a declare meanwhile never makes a
     # second, empty queue
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _mirrored_on_all(hare1, "ha.scale")
     c, ch = _chan(hare1, confirm=True)
@@ -1009,7 +1000,7 @@ def test_declare_bind_consume_and_get_on_survivors_wait_for_the_failover(cluster
 def test_a_mirrored_queue_no_mirror_can_take_over_is_a_clear_404(cluster):
     # bounded: when no synchronised mirror is up, nothing will promote one, so the answer is a
     # 404 that says so rather than a wait
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _policy(hare1, r"^ha\.", {"ha-mode": "exactly", "ha-params": 2})      # manual sync
     c, ch = _chan(hare1, confirm=True)
@@ -1046,7 +1037,7 @@ def test_an_identical_message_after_a_failover_reaches_a_consumer_that_acked_its
     not have reached the mirrors) by key and content. A new master numbering from its own highest
     key gave a new message a key the old one had used: an identical message ("tick") was then
     taken for the acked one and acked without ever reaching the client."""
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     _policy(hare1, r"^ha\.", {"ha-mode": "nodes", "ha-params": ["hare1", "hare2"], "ha-sync-mode": "automatic"})
     c, ch = _chan(hare1)

@@ -10,19 +10,13 @@ import time
 import pika
 import pytest
 
-from tests.clusters import ctl_json, proxied_cluster, stop_cluster
+from tests.clusters import ctl_json
 from tests.conftest import IS_REF, port_open, wait_until
-
-pytestmark = pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes")
 
 FAILURE_TIMEOUT = 3.0      # a killed member's port refuses connections: it is down at once
 
-
-@pytest.fixture
-def cluster(tmp_path):
-    members, partition = proxied_cluster(tmp_path, failure_timeout=FAILURE_TIMEOUT)
-    yield members, partition
-    stop_cluster(list(members), partition)
+pytestmark = [pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes"),
+              pytest.mark.cluster(failure_timeout=FAILURE_TIMEOUT)]
 
 
 def _chan(member):
@@ -66,7 +60,7 @@ def _pump(connections, until, timeout=10.0, message=""):
 # ---- exclusive queues --------------------------------------------------------------------------
 def test_exclusive_queues_of_a_killed_node_are_gone_on_the_survivors_at_once(cluster):
     """RabbitMQ answers 404 at once; the name is free for a client that reconnects elsewhere."""
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     c1, ch1 = _chan(hare1)
     ch1.queue_declare("nd.replies", exclusive=True)
@@ -96,7 +90,7 @@ def test_a_node_cut_off_closes_its_clients_and_the_majority_drops_their_exclusiv
     exclusive queues are dead and the majority deletes them; exclusive queues of clients on the
     majority side are untouched; after healing, the node serves new clients whose exclusive
     queues stay."""
-    members, partition = cluster
+    members, partition = cluster, cluster.partition
     hare1, hare2, hare3 = members
     c1, ch1 = _chan(hare1)
     ch1.queue_declare("nd.minority", exclusive=True)
@@ -127,7 +121,7 @@ def test_a_node_stopped_past_the_failure_timeout_closes_the_clients_whose_queues
     """SIGSTOP: the others count the node down and delete its clients' exclusive queues; when it
     runs again it never paused (a stall is not counted against the others), so it applies its own
     node.down and closes those clients (320): what they owned is gone cluster-wide."""
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     c1, ch1 = _chan(hare1)
     ch1.queue_declare("nd.stopped", exclusive=True)
@@ -164,7 +158,7 @@ def _try_chan(member):
 
 # ---- consumers on queues mastered elsewhere ------------------------------------------------------
 def test_unacked_deliveries_of_a_dead_nodes_consumer_come_back_redelivered(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     c2, ch2 = _chan(hare2)
     ch2.confirm_delivery()
@@ -189,7 +183,7 @@ def test_unacked_deliveries_of_a_dead_nodes_consumer_come_back_redelivered(clust
 
 
 def test_a_single_active_consumer_on_a_dead_node_hands_over(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     c2, ch2 = _chan(hare2)
     ch2.confirm_delivery()
@@ -216,7 +210,7 @@ def test_a_single_active_consumer_on_a_dead_node_hands_over(cluster):
 
 
 def test_an_auto_delete_queue_whose_last_consumer_was_on_the_dead_node_is_deleted(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     c2, ch2 = _chan(hare2)
     ch2.queue_declare("nd.auto", auto_delete=True)           # mastered on hare2
@@ -236,7 +230,7 @@ def test_an_auto_delete_queue_whose_last_consumer_was_on_the_dead_node_is_delete
 
 # ---- the node comes back -----------------------------------------------------------------------
 def test_a_node_that_comes_back_does_not_resurrect_what_went(cluster):
-    members, _ = cluster
+    members = cluster
     hare1, hare2, hare3 = members
     c2, ch2 = _chan(hare2)
     ch2.queue_declare("nd.shared", durable=True)              # mastered on hare2

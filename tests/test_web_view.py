@@ -17,7 +17,6 @@ import pytest
 
 from tests.conftest import IS_REF, PROJECT_ROOT, free_port, unique_name, wait_until
 from tests.management import ManagedNode, http, q
-from tests.test_management_cluster import managed_cluster
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -30,6 +29,7 @@ except ImportError:       # pragma: no cover - selenium is a test dependency
 
 pytestmark = [
     pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes"),
+    pytest.mark.cluster(management=True),
     pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
                        reason="no chromium/chromedriver (apt-get install chromium chromium-driver)"),
     pytest.mark.skipif(webdriver is None, reason="selenium is not installed"),
@@ -48,15 +48,6 @@ def browser(tmp_path):
     driver = webdriver.Chrome(options=options, service=Service(executable_path=DRIVER))
     yield driver
     driver.quit()
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    members, partition = managed_cluster(tmp_path / "cluster")
-    yield members
-    for m in members.values():
-        m.kill9()
-    partition["close"]()
 
 
 # read the page in one script call: it redraws its tables every second, so elements found

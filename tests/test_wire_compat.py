@@ -263,18 +263,7 @@ def test_exchange_unbind_from_the_default_exchange_is_403(node):
 
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    if IS_REF:
-        pytest.skip("starts cluster node processes")
-    from tests.clusters import proxied_cluster
-    members, partition = proxied_cluster(tmp_path_factory.mktemp("cluster"))
-    yield members
-    for m in members:
-        m.kill9()
-    partition["close"]()
-
-
+@pytest.mark.cluster(failure_timeout=1.5, shared=True)
 @pytest.mark.parametrize("home", ["hare1", "hare2"])
 def test_queue_delete_ok_before_cancel_in_a_cluster(cluster, home):
     # the channel is on hare1; the queue lives on `home` (through a link when it is hare2)
