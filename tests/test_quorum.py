@@ -163,7 +163,7 @@ def test_redeliveries_carry_x_delivery_count(node):
         method, props, _body = wait_until(lambda: (lambda r: r if r[0] else None)(ch.basic_get(name)), timeout=5)
         counts.append((props.headers or {}).get("x-delivery-count"))
         ch.basic_nack(method.delivery_tag, requeue=True)
-    assert counts == [None, 1, 2]
+    assert counts == [0, 1, 2]       # RabbitMQ 3.10 answers basic.get with the count from 0 on
     ch.queue_delete(name)
 
 
@@ -181,7 +181,7 @@ def test_a_redelivery_after_the_leaders_death_carries_x_delivery_count(cluster):
     ch.confirm_delivery()
     ch.basic_publish("", name, b"held")
     method, props, _body = ch.basic_get(name)
-    assert method is not None and "x-delivery-count" not in (props.headers or {})
+    assert method is not None and props.headers["x-delivery-count"] == 0
     ch.basic_publish("", name, b"after")   # confirmed: the mirrors have heard of the delivery before it
     hare1.kill9()
     try:
@@ -213,7 +213,7 @@ def test_a_redelivery_after_a_restart_carries_x_delivery_count(own_node):
     method, props, body = ch.basic_get("qq.restart", auto_ack=True)
     assert (body, method.redelivered, (props.headers or {}).get("x-delivery-count")) == (b"held", True, 1)
     method, props, body = ch.basic_get("qq.restart", auto_ack=True)
-    assert (body, method.redelivered, (props.headers or {}).get("x-delivery-count")) == (b"after", False, None)
+    assert (body, method.redelivered, (props.headers or {}).get("x-delivery-count")) == (b"after", False, 0)
 
 
 def test_a_quorum_queue_delivery_limit_dead_letters_a_poison_message(node):
@@ -229,6 +229,7 @@ def test_a_quorum_queue_delivery_limit_dead_letters_a_poison_message(node):
     method, props, body = wait_until(lambda: (lambda r: r if r[0] else None)(ch.basic_get(dead, auto_ack=True)),
                                      timeout=5)
     assert body == b"poison" and props.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert "x-delivery-count" not in props.headers      # the count was the consumer's, not the message's
     assert ch.queue_declare(name, passive=True).method.message_count == 0
     ch.queue_delete(name)
     ch.queue_delete(dead)
@@ -317,3 +318,58 @@ def test_kombu_declares_and_uses_a_quorum_queue(node):
             conn.drain_events(timeout=5)
         assert got == [{"n": 1}]
         queue(conn.default_channel).delete()
+
+
+REFUSALS = [
+    ({**QUORUM, "x-queue-mode": "lazy"}, "invalid arg 'x-queue-mode' for {q} of queue type rabbit_quorum_queue"),
+    ({**QUORUM, "x-queue-version": 2}, "invalid arg 'x-queue-version' for {q} of queue type rabbit_quorum_queue"),
+    ({**QUORUM, "x-queue-master-locator": "min-masters"},
+     "invalid arg 'x-queue-master-locator' for {q} of queue type rabbit_quorum_queue"),
+    ({**QUORUM, "x-max-priority": 300}, "invalid arg 'x-max-priority' for {q} of queue type rabbit_quorum_queue"),
+    ({**QUORUM, "x-quorum-initial-group-size": "3"},
+     "invalid arg 'x-quorum-initial-group-size' for {q}: \"expected integer, got longstr\""),
+    ({**QUORUM, "x-quorum-initial-group-size": -1}, "invalid arg 'x-quorum-initial-group-size' for {q}: {{value_negative,-1}}"),
+    ({**QUORUM, "x-quorum-initial-group-size": 0}, "invalid arg 'x-quorum-initial-group-size' for {q}: {{value_zero,0}}"),
+    ({**QUORUM, "x-queue-leader-locator": "nearest"}, "invalid arg 'x-queue-leader-locator' for {q}: invalid_queue_locator_arg"),
+    ({"x-quorum-initial-group-size": 3}, "invalid arg 'x-quorum-initial-group-size' for {q} of queue type rabbit_classic_queue"),
+    ({"x-max-age": "1D"}, "invalid arg 'x-max-age' for {q} of queue type rabbit_classic_queue"),
+]
+
+
+@pytest.mark.parametrize("arguments,text", REFUSALS, ids=[
+    "queue-mode", "queue-version", "master-locator", "max-priority", "group-size-string", "group-size-negative",
+    "group-size-zero", "leader-locator", "classic-group-size", "classic-max-age"])
+def test_another_queue_types_arguments_are_refused_as_rabbitmq_does(node, arguments, text):
+    """rabbit_amqqueue:check_declare_arguments: a queue type's own arguments are checked, the other
+    types' refused, each with RabbitMQ's text (a negative group size was a 541 here before)."""
+    name = unique_name("qq.refused")
+    ch = pika_conn(node).channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
+        ch.queue_declare(name, durable=True, arguments=arguments)
+    assert (ei.value.reply_code, ei.value.reply_text) == (
+        406, "PRECONDITION_FAILED - " + text.format(q=f"queue '{name}' in vhost '/'"))
+
+
+def test_a_quorum_queue_redeclared_differently_is_refused_as_rabbitmq_does(node):
+    name = unique_name("qq.redeclared")
+    what = f"queue '{name}' in vhost '/'"
+    pika_conn(node).channel().queue_declare(name, durable=True, arguments=QUORUM)
+    for arguments, text in (
+            ({}, f"inequivalent arg 'x-queue-type' for {what}: received none but current is "
+                 "the value 'quorum' of type 'longstr'"),
+            ({**QUORUM, "x-quorum-initial-group-size": 1},
+             f"inequivalent arg 'x-quorum-initial-group-size' for {what}: received the value '1' of type "
+             "'signedint' but current is none"),
+            ({**QUORUM, "x-delivery-limit": 3},
+             f"inequivalent arg 'x-delivery-limit' for {what}: received the value '3' of type 'signedint' "
+             "but current is none")):
+        ch = pika_conn(node).channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
+            ch.queue_declare(name, durable=True, arguments=arguments)
+        assert (ei.value.reply_code, ei.value.reply_text) == (406, "PRECONDITION_FAILED - " + text)
+    ch = pika_conn(node).channel()
+    classic = unique_name("qq.classic")
+    ch.queue_declare(classic, durable=True)
+    ch.queue_declare(classic, durable=True, arguments={"x-queue-type": "classic"})   # the same queue, as RabbitMQ
+    ch.queue_delete(classic)
+    ch.queue_delete(name)

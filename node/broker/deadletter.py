@@ -47,6 +47,8 @@ def dead_message(queue, exchange_name: str, message: Message, reason: str) -> tu
     routing_key = dl_key if dl_key is not None else message.routing_key
     props = decode_properties(message.props_raw)
     headers = dict(props.headers or {})
+    if queue.persist_all:      # a quorum queue's count is for its consumers, not kept in the message
+        headers.pop("x-delivery-count", None)
     deaths = _deaths(headers)
     for i, death in enumerate(deaths):
         if not isinstance(death, dict):

@@ -717,6 +717,9 @@ class Queue:
             return None
         entry = self.ready.popleft()
         self.ready_bytes -= len(entry.message.body)
+        if self.persist_all and not entry.redelivered and not _delivery_count(entry.message):
+            # RabbitMQ's quorum queues answer basic.get with the count even when it is 0
+            entry.message = _with_delivery_count(entry.message, 0)
         self._delivered(entry, no_ack)
         return entry
 

@@ -17,7 +17,7 @@ from .deduplication import check_args as check_dedup_args
 from .expiry import MAX_TTL_MS
 from .policy import Policy, winning
 from .priority import MAX_PRIORITY
-from .queue import OVERFLOWS, Queue, _field_type
+from .queue import OVERFLOWS, Queue, _field_type, is_quorum
 
 PREDECLARED = (
     ("", ExchangeType.DIRECT),
@@ -29,6 +29,21 @@ PREDECLARED = (
     ("amq.rabbitmq.trace", ExchangeType.TOPIC),
 )
 EXCHANGE_ARGS_CHECKED = ("alternate-exchange",)
+# the queue_arguments of RabbitMQ 3.10's queue types: each type checks its own on redeclare and
+# refuses the others' (rabbit_amqqueue:check_declare_arguments)
+QUORUM_ARGS = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-dead-letter-strategy", "x-expires",
+               "x-max-length", "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes",
+               "x-overflow", "x-single-active-consumer", "x-queue-type", "x-quorum-initial-group-size",
+               "x-delivery-limit", "x-message-ttl", "x-queue-leader-locator")
+CLASSIC_ARGS = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-length",
+                "x-max-length-bytes", "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version",
+                "x-single-active-consumer", "x-queue-type", "x-queue-master-locator",
+                "x-delivery-limit")     # HareMQ's own: x-delivery-limit on every queue (README)
+STREAM_ARGS = ("x-max-length-bytes", "x-queue-type", "x-max-age", "x-stream-max-segment-size-bytes",
+               "x-initial-cluster-size", "x-queue-leader-locator")
+TYPE_ARGS = {"classic": CLASSIC_ARGS, "quorum": QUORUM_ARGS}
+ANY_TYPE_ARGS = frozenset(QUORUM_ARGS + CLASSIC_ARGS + STREAM_ARGS)
+LEADER_LOCATORS = ("client-local", "balanced", "random", "least-leaders")
 QUEUE_ARGS_CHECKED = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow",
                       "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
                       "x-single-active-consumer", "x-queue-type", "x-queue-mode", "x-delivery-limit",
@@ -271,7 +286,8 @@ class VHost:
                     raise _err(ReplyCode.PRECONDITION_FAILED,
                                f"inequivalent arg '{field}' for {what}: received '{_fmt(received)}' "
                                f"but current is '{_fmt(current)}'", method)
-            _check_args(what, arguments, existing.arguments, QUEUE_ARGS_CHECKED, method)
+            checked = QUORUM_ARGS if is_quorum(existing.arguments) else QUEUE_ARGS_CHECKED
+            _check_args(what, arguments, existing.arguments, checked, method)
             existing.touch()
             return existing
         _validate_queue_args(self._where("queue", name), arguments, method, durable, exclusive, auto_delete)
@@ -407,14 +423,21 @@ def _check_args(what: str, received: dict, current: dict, checked, method) -> No
         if isinstance(old, bytes):
             old = old.decode()
         if new != old:
-            got = "none" if new is None else f"'{_fmt(new)}'"
-            cur = "none" if old is None else f"'{_fmt(old)}'"
+            if key == "x-queue-type" and {new, old} == {None, "classic"}:
+                continue        # a classic queue may or may not say so (rabbit_misc)
+            if new is None or old is None:      # rabbit_misc:val/1 names the type then
+                got, cur = (_typed(v) for v in (new, old))
+            else:
+                got, cur = f"'{_fmt(new)}'", f"'{_fmt(old)}'"
             raise _err(ReplyCode.PRECONDITION_FAILED,
                        f"inequivalent arg '{key}' for {what}: received {got} but current is {cur}", method)
 
 
-def _validate_queue_type(what: str, arguments: dict, method, durable: bool, exclusive: bool,
-                         auto_delete: bool) -> None:
+def _typed(value) -> str:
+    return "none" if value is None else f"the value '{_fmt(value)}' of type '{_field_type(value)}'"
+
+
+def _validate_queue_type(what: str, arguments: dict, method) -> str:
     """x-queue-type. "quorum" is a queue replicated with no policy (cluster/ha.py), with a quorum
     queue's declaration rules so that clients written for RabbitMQ see the same answers;
     streams are not supported."""
@@ -429,34 +452,40 @@ def _validate_queue_type(what: str, arguments: dict, method, durable: bool, excl
     if kind not in ("classic", "quorum"):
         raise _err(ReplyCode.PRECONDITION_FAILED,
                    f"invalid arg 'x-queue-type' for {what}: \"unsupported queue type '{kind}'\"", method)
+    return kind
+
+
+def _validate_queue_kind(what: str, kind: str, arguments: dict, method, durable: bool, exclusive: bool,
+                         auto_delete: bool) -> None:
+    """After the values: another type's arguments are refused (unknown ones pass), then a quorum
+    queue's properties, in RabbitMQ's order and with its texts."""
+    for key in arguments:
+        if key in ANY_TYPE_ARGS and key not in TYPE_ARGS[kind]:
+            raise _err(ReplyCode.PRECONDITION_FAILED,
+                       f"invalid arg '{key}' for {what} of queue type rabbit_{kind}_queue", method)
     if kind == "quorum":
         for broken, prop in ((not durable, "non-durable"), (exclusive, "exclusive-owner"),
                              (auto_delete, "auto-delete")):
             if broken:
                 raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid property '{prop}' for {what}", method)
-        if arguments.get("x-max-priority") is not None:
-            raise _err(ReplyCode.PRECONDITION_FAILED,
-                       f"invalid arg 'x-max-priority' for {what} of queue type rabbit_quorum_queue", method)
-    elif arguments.get("x-dead-letter-strategy") is not None:
-        raise _err(ReplyCode.PRECONDITION_FAILED,
-                   f"invalid arg 'x-dead-letter-strategy' for {what} of queue type rabbit_classic_queue", method)
 
 
 def _validate_queue_args(what: str, arguments: dict, method, durable: bool, exclusive: bool,
                          auto_delete: bool) -> None:
     """rabbit_amqqueue:declare_args/0, with RabbitMQ's texts."""
-    _validate_queue_type(what, arguments, method, durable, exclusive, auto_delete)
+    kind = _validate_queue_type(what, arguments, method)
+    own = TYPE_ARGS[kind]     # only the queue type's own arguments have their values checked
     for key in ("x-max-length", "x-max-length-bytes", "x-message-ttl", "x-expires", "x-max-priority",
-                "x-delivery-limit"):
+                "x-delivery-limit", "x-quorum-initial-group-size", "x-max-in-memory-length", "x-max-in-memory-bytes"):
         value = arguments.get(key)
-        if value is None:
+        if value is None or key not in own:
             continue
         problem = None
         if isinstance(value, bool) or not isinstance(value, int):
             problem = f'"expected integer, got {_field_type(value)}"'
         elif value < 0:
             problem = f"{{value_negative,{value}}}"
-        elif key == "x-expires" and value == 0:
+        elif key in ("x-expires", "x-quorum-initial-group-size") and value == 0:
             problem = f"{{value_zero,{value}}}"
         elif key in ("x-message-ttl", "x-expires") and value > MAX_TTL_MS:
             problem = f"{{value_too_large,{value}}}"
@@ -476,7 +505,7 @@ def _validate_queue_args(what: str, arguments: dict, method, durable: bool, excl
         raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-routing-key' for {what}: "
                    "routing_key_but_no_dlx_defined", method)
     strategy = arguments.get("x-dead-letter-strategy")
-    if strategy is not None:
+    if strategy is not None and "x-dead-letter-strategy" in own:
         if not isinstance(strategy, (str, bytes)):
             raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-strategy' for {what}: "
                        f"{{unacceptable_type,{_field_type(strategy)}}}", method)
@@ -491,3 +520,12 @@ def _validate_queue_args(what: str, arguments: dict, method, durable: bool, excl
         overflow = overflow.decode()
     if overflow is not None and overflow not in OVERFLOWS:
         raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg 'x-overflow' for {what}: invalid_overflow", method)
+    locator = arguments.get("x-queue-leader-locator")
+    if locator is not None and "x-queue-leader-locator" in own:
+        if not isinstance(locator, (str, bytes)):
+            raise _err(ReplyCode.PRECONDITION_FAILED, f"invalid arg 'x-queue-leader-locator' for {what}: "
+                       f"{{unacceptable_type,{_field_type(locator)}}}", method)
+        if (locator.decode() if isinstance(locator, bytes) else locator) not in LEADER_LOCATORS:
+            raise _err(ReplyCode.PRECONDITION_FAILED,
+                       f"invalid arg 'x-queue-leader-locator' for {what}: invalid_queue_locator_arg", method)
+    _validate_queue_kind(what, kind, arguments, method, durable, exclusive, auto_delete)
