@@ -13,7 +13,7 @@ from __future__ import annotations
 class ConfirmTracker:
     __slots__ = ("next_seq", "_waiting", "_acks", "_nacks", "confirmed")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.next_seq = 1
         self._waiting: dict[int, int] = {}   # seq -> signals still to come (insertion = seq order)
         self._acks: list[int] = []

@@ -54,7 +54,7 @@ class AMQPError(Exception):
         return self.code in CHANNEL_CODES
 
 
-def error(code: ReplyCode, text: str, method=None) -> AMQPError:
+def error(code: ReplyCode, text: str, method: object = None) -> AMQPError:
     """Build an AMQPError naming the method that caused it (for close frames)."""
     index = getattr(method, "index", 0) or 0
     return AMQPError(code, text, index >> 16, index & 0xFFFF)
