@@ -1,7 +1,7 @@
 """Metadata at scale, next to RabbitMQ: connections, queue declares and deletes, restart (issue 35).
 
     python -m haremq.bench.metadata --queues 10000 --connections 1000 [--batch 200]
-        [--brokers haremq,rabbitmq] [--rabbit-port PORT] [--json out.json]
+        [--churn 30000] [--cluster] [--brokers haremq,rabbitmq] [--rabbit-port PORT] [--json out.json]
 
 What an application with many queues does (one queue per user, device,
 tenant or RPC reply), on one node of each broker in the same run, with
@@ -17,11 +17,23 @@ aiormq:
    node's CPU per declare much less); RSS per queue;
 4. publish one persistent message to each queue with confirms, then
    basic.get each (the same batches);
-5. close the connections, stop the node and start it again: the time from
+5. `--churn N`: N times what an RPC client does per request, a server-named
+   exclusive queue declared, bound to amq.direct and deleted (three metadata
+   changes that leave nothing), `--batch` cycles at a time (cycles/s), and
+   the metadata's size on disk before and after (HareMQ: the Raft log and
+   snapshot, or meta.bin and its log; RabbitMQ: Mnesia's files; neither's
+   message store): it must be bounded by what exists, not by the history;
+6. close the connections, stop the node and start it again: the time from
    the start until a client finds the last queue is the restart time with Q
-   queues;
-6. reconnect and delete every queue, `--batch` at a time (first and last
+   queues (and the churn) behind it, next to the fresh node's start;
+7. reconnect and delete every queue, `--batch` at a time (first and last
    buckets again).
+
+`--cluster`: three nodes of each broker on this machine, clustered (HareMQ
+with static peers, RabbitMQ with `rabbitmqctl join_cluster`); every client
+connects to the first node, whose RSS, CPU and writes are the ones read;
+queues are not mirrored on either (no policy), so each declare is one change
+of the cluster's metadata; a restart stops and starts the three.
 
 Before the declares and the deletes the bench waits until the node has
 written nothing for a second (a new HareMQ store zeroes its first segments
@@ -109,17 +121,19 @@ def log(msg: str) -> None:
 class HareNode:
     label = "HareMQ"
 
-    def __init__(self, work: Path, nofile: int):
+    def __init__(self, work: Path, nofile: int, name: str = "hare-meta", extra: list[str] | None = None):
         self.data = work / "haremq"
+        self.name = name
         self.port = free_port()
         self.nofile = nofile
+        self.extra = extra or []
         self.proc: subprocess.Popen | None = None
 
     def launch(self) -> None:
         self.data.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "haremq.node.cli", "node", "--name", "hare-meta", "--data-dir", str(self.data),
+        argv = [sys.executable, "-m", "haremq.node.cli", "node", "--name", self.name, "--data-dir", str(self.data),
                 "--amqp-port", str(self.port), "--bind", "127.0.0.1",
-                "--log-level", os.environ.get("HAREMQ_BENCH_LOG", "warning")]
+                "--log-level", os.environ.get("HAREMQ_BENCH_LOG", "warning"), *self.extra]
         with open(self.data.parent / "haremq.log", "ab") as fh:
             self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=ROOT, start_new_session=True, preexec_fn=nofile_limit(self.nofile))
@@ -145,6 +159,62 @@ class HareNode:
             return f"HareMQ {version('haremq')}"
         except Exception:  # noqa: BLE001
             return "HareMQ"
+
+    def data_dirs(self) -> list[Path]:
+        return [self.data]
+
+    def metadata_files(self) -> list[Path]:
+        """What holds the metadata: the Raft log and snapshot (clustered), or meta.bin and the
+        meta-*.log files (a single node); not the message store."""
+        return [*self.data.glob("meta*"), *(self.data / "raft").glob("*")]
+
+
+class HareCluster:
+    """Three HareMQ nodes on loopback, with static peers; clients use the first."""
+
+    label = "HareMQ"
+
+    def __init__(self, work: Path, nofile: int, size: int = 3):
+        secret = work / "cluster-secret"
+        work.mkdir(parents=True, exist_ok=True)
+        secret.write_text("bench-metadata-cluster-secret")
+        cluster_ports = [free_port() for _ in range(size)]
+        names = [f"hare{i + 1}" for i in range(size)]
+        self.nodes = []
+        for i, name in enumerate(names):
+            extra = ["--cluster-port", str(cluster_ports[i]), "--cluster-secret-file", str(secret),
+                     "--management-port", "0", "--prometheus-port", "0"]
+            for j, peer in enumerate(names):
+                if j != i:
+                    extra += ["--peer", f"{peer}=127.0.0.1:{cluster_ports[j]}"]
+            self.nodes.append(HareNode(work / name, nofile, name, extra))
+        self.port = self.nodes[0].port
+
+    def launch(self) -> None:
+        for node in self.nodes:
+            node.launch()
+
+    def pid(self) -> int | None:
+        return self.nodes[0].pid()
+
+    def alive(self) -> bool:
+        return any(node.alive() for node in self.nodes)
+
+    def stop(self) -> None:
+        for node in self.nodes:            # all at once, as `docker compose down` does
+            if node.alive():
+                os.killpg(node.proc.pid, signal.SIGTERM)
+        for node in self.nodes:
+            node.stop()
+
+    def version(self) -> str:
+        return self.nodes[0].version() + f", {len(self.nodes)} nodes"
+
+    def data_dirs(self) -> list[Path]:
+        return [node.data for node in self.nodes]
+
+    def metadata_files(self) -> list[Path]:
+        return [f for node in self.nodes for f in node.metadata_files()]
 
 
 class RabbitNode:
@@ -222,6 +292,76 @@ class RabbitNode:
     def version(self) -> str:
         r = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"], capture_output=True, text=True)
         return f"RabbitMQ {r.stdout.strip() or '?'}"
+
+    def data_dirs(self) -> list[Path]:
+        return [self.base / "mnesia"]
+
+    def metadata_files(self) -> list[Path]:
+        """Mnesia's files (its tables and their logs), not the message stores."""
+        files = []
+        for root, dirs, names in os.walk(self.base / "mnesia"):
+            dirs[:] = [d for d in dirs if d not in ("msg_stores", "quorum", "stream")]
+            files.extend(Path(root) / name for name in names)
+        return files
+
+
+class RabbitCluster:
+    """Three RabbitMQ nodes on loopback (AMQP ports port..port+2), the second and third joined to
+    the first with `rabbitmqctl join_cluster` at the first start; clients use the first."""
+
+    label = "RabbitMQ"
+
+    def __init__(self, work: Path, port: int, nofile: int, size: int = 3):
+        self.nodes = [RabbitNode(work, port + i, nofile) for i in range(size)]
+        self.port = port
+        self.joined = False
+
+    def launch(self) -> None:
+        for node in self.nodes:
+            node.launch()
+        deadline = time.monotonic() + 300
+        for node in self.nodes:
+            while not port_open(node.port):
+                if time.monotonic() > deadline or not node.alive():
+                    raise RuntimeError(f"RabbitMQ node {node.name} did not start")
+                time.sleep(0.2)
+        if not self.joined:
+            for node in self.nodes[1:]:
+                for args in (("stop_app",), ("join_cluster", self.nodes[0].name), ("start_app",)):
+                    r = node.ctl(*args)
+                    if r.returncode != 0:
+                        raise RuntimeError(f"rabbitmqctl {' '.join(args)} on {node.name}: {r.stderr.strip()}")
+            self.joined = True
+
+    def pid(self) -> int | None:
+        return self.nodes[0].pid()
+
+    def alive(self) -> bool:
+        return any(node.alive() for node in self.nodes)
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):      # the first, stopped last, starts first again
+            node.stop()
+
+    def version(self) -> str:
+        return self.nodes[0].version() + f", {len(self.nodes)} nodes"
+
+    def data_dirs(self) -> list[Path]:
+        return [d for node in self.nodes for d in node.data_dirs()]
+
+    def metadata_files(self) -> list[Path]:
+        return [f for node in self.nodes for f in node.metadata_files()]
+
+
+def disk_bytes(files: list[Path]) -> int:
+    """The bytes these files take on disk (allocated blocks)."""
+    total = 0
+    for path in files:
+        try:
+            total += path.stat().st_blocks * 512
+        except OSError:
+            pass
+    return total
 
 
 # ---- the client ---------------------------------------------------------------------------------------
@@ -345,9 +485,11 @@ async def run_broker(node, args) -> dict:
     url = f"amqp://guest:guest@127.0.0.1:{node.port}/%2F"
     out: dict = {"broker": node.version()}
     names = [f"meta.{i:06d}" for i in range(args.queues)]
-    node.launch()
+    began = time.monotonic()
+    node.launch()          # a cluster's launch waits for its members and joins them
     try:
-        out["fresh_start_s"] = await wait_ready(url, None)
+        await wait_ready(url, None)
+        out["fresh_start_s"] = time.monotonic() - began
         rss0 = rss_kb(node.pid())
         out["rss_fresh_kb"] = rss0
         out["open_files_limit"] = open_files_limit(node.pid())
@@ -403,6 +545,23 @@ async def run_broker(node, args) -> dict:
         wall, cpu = clock.done()
         out["get"] = {"rate": len(names) / wall, "empty": failed["empty"], "load": clock.load, "client_cpu": cpu}
 
+        if args.churn:
+            log(f"{node.label}: {args.churn} server-named exclusive queues declared, bound and deleted")
+            out["disk_before_churn_bytes"] = disk_bytes(node.metadata_files())
+
+            async def cycle(ch, _i):
+                declared = await ch.queue_declare("", exclusive=True)
+                name = declared.queue
+                await ch.queue_bind(name, "amq.direct", routing_key=name)
+                await ch.queue_delete(name)
+            clock = Clock()
+            await batched(channels, list(range(args.churn)), args.batch, cycle)
+            wall, cpu = clock.done()
+            out["churn"] = {"cycles": args.churn, "rate": args.churn / wall, "seconds": wall,
+                            "load": clock.load, "client_cpu": cpu}
+            await asyncio.sleep(2)        # a snapshot under way ends
+            out["disk_after_churn_bytes"] = disk_bytes(node.metadata_files())
+
         log(f"{node.label}: restart with {args.queues} queues")
         await close_connections(conns)
         clock = Clock()
@@ -410,7 +569,9 @@ async def run_broker(node, args) -> dict:
         out["stop_s"] = time.monotonic() - clock.wall
         clock = Clock()
         node.launch()
-        out["restart"] = {"seconds": await wait_ready(url, names[-1]), "load": clock.load}
+        await wait_ready(url, names[-1])
+        out["restart"] = {"seconds": time.monotonic() - clock.wall, "load": clock.load}
+        out["metadata_on_disk_bytes"] = disk_bytes(node.metadata_files())
         out["rss_restarted_kb"] = rss_kb(node.pid())
 
         conns, errors = await open_connections(url, min(args.connections, len(conns)))
@@ -450,7 +611,13 @@ ROWS = [
     ("publishes nacked", lambda r: r["publish"]["nacked"], None),
     ("basic.get from each, msg/s", lambda r: r["get"]["rate"], "higher"),
     ("basic.get found nothing", lambda r: r["get"]["empty"], None),
+    ("churn: declare + bind + delete of a server-named exclusive queue, cycles/s", lambda r: r["churn"]["rate"],
+     "higher"),
+    ("metadata on disk before the churn, MB", lambda r: r["disk_before_churn_bytes"] / 1e6, "lower"),
+    ("metadata on disk after the churn, MB", lambda r: r["disk_after_churn_bytes"] / 1e6, "lower"),
+    ("metadata on disk after the restart, MB", lambda r: r["metadata_on_disk_bytes"] / 1e6, "lower"),
     ("restart with the queues until the last is found, s", lambda r: r["restart"]["seconds"], "lower"),
+    ("restart / fresh start", lambda r: r["restart"]["seconds"] / r["fresh_start_s"], "lower"),
     ("delete/s, all queues", lambda r: r["delete"]["all"], "higher"),
     ("delete/s, first bucket", lambda r: r["delete"]["first"], "higher"),
     ("delete/s, last bucket", lambda r: r["delete"]["last"], "higher"),
@@ -470,7 +637,9 @@ def fmt(value) -> str:
 def report(results: dict, args) -> str:
     labels = list(results)
     lines = [f"{args.queues:,} durable queues ({args.batch} at a time, buckets of {args.bucket:,}), "
-             f"{args.connections:,} connections asked for; " + ", ".join(r.get("broker", k) for k, r in results.items()),
+             f"{args.connections:,} connections asked for, {args.churn:,} churn cycles"
+             f"{', three-node clusters' if args.cluster else ''}; "
+             + ", ".join(r.get("broker", k) for k, r in results.items()),
              "", "| figure | " + " | ".join(labels) + (" | HareMQ/RabbitMQ |" if len(labels) == 2 else " |"),
              "|---" * (len(labels) + 1 + (len(labels) == 2)) + "|"]
     for name, get, _better in ROWS:
@@ -504,7 +673,12 @@ async def main_async(args) -> dict:
     results: dict = {}
     try:
         for label in args.brokers:
-            node = HareNode(work, args.nofile) if label == "haremq" else RabbitNode(work, args.rabbit_port, args.nofile)
+            if args.cluster:
+                node = HareCluster(work / "hare", args.nofile) if label == "haremq" else \
+                    RabbitCluster(work, args.rabbit_port, args.nofile)
+            else:
+                node = HareNode(work, args.nofile) if label == "haremq" else \
+                    RabbitNode(work, args.rabbit_port, args.nofile)
             try:
                 results[node.label] = await run_broker(node, args)
             except Exception as exc:  # noqa: BLE001   one broker's failure is reported, not fatal
@@ -522,6 +696,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=1_000)
     parser.add_argument("--batch", type=int, default=200, help="operations in flight at once")
     parser.add_argument("--bucket", type=int, default=1_000, help="the first and last this many are timed apart")
+    parser.add_argument("--churn", type=int, default=0,
+                        help="server-named exclusive queues declared, bound and deleted before the restart")
+    parser.add_argument("--cluster", action="store_true", help="three nodes of each broker, clustered")
     parser.add_argument("--brokers", default="haremq,rabbitmq")
     parser.add_argument("--rabbit-port", type=int, default=None,
                         help="RabbitMQ's AMQP port (its distribution port is this + 20000); default: a free one")
@@ -532,7 +709,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
     if args.rabbit_port is None:
-        args.rabbit_port = next(p for p in range(5695, 5790) if not port_open(p) and not port_open(p + 20000))
+        args.rabbit_port = next(p for p in range(5695, 5790) if not any(
+            port_open(p + i) or port_open(p + i + 20000) for i in range(3 if args.cluster else 1)))
     try:
         import uvloop
         uvloop.install()
