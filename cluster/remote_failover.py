@@ -30,7 +30,8 @@ class Act(enum.Enum):
     RESUME = "resume"            # the old master answers again: held publishes, orphaned consumers and
                                  # parked calls go back to it
     FLUSH_HELD = "flush held"    # the master is known: held publishes go to it
-    NACK_HELD = "nack held"      # no master came in time (or none can): held publishes are nacked
+    NACK_HELD = "nack held"      # no master came in time, or none can (the master is gone for longer
+                                 # than a blip and no in-sync mirror is up): held publishes are nacked
     REPLAY_PARKED = "replay"     # the master is up: parked calls go to it
     GIVE_UP = "give up"          # a parked call waited too long (its token is in Action.token)
 
@@ -95,8 +96,9 @@ class FailoverWatch:
             if now - self.failing_since > BLIP and master_up:     # a broken stream, not a dead node
                 self.phase, self.failing_since = Phase.SERVING, 0.0
                 actions.append(Action(Act.RESUME))
-            elif self.held_since is not None and (now - self.held_since > PARK_TIMEOUT or not can_fail_over):
-                actions.append(Action(Act.NACK_HELD))
+            elif self.held_since is not None and (now - self.held_since > PARK_TIMEOUT or
+                                                  (not can_fail_over and now - self.failing_since > BLIP)):
+                actions.append(Action(Act.NACK_HELD))   # a blip's publishes wait for the master either way
         else:
             if self.held_since is not None:
                 actions.append(Action(Act.FLUSH_HELD))

@@ -455,7 +455,7 @@ class RemoteQueue:
     def _hold(self, channel, items: list) -> None:
         if not items:
             return
-        if self._held_count + len(items) > HELD_MAX or not self.can_fail_over():   # cannot be placed
+        if self._held_count + len(items) > HELD_MAX:     # too many to keep: the publisher may send them again
             seqs = [seq for seq, _m in items if seq]
             if seqs:
                 channel.remote_settled(seqs, False)

@@ -62,11 +62,22 @@ def test_held_publishes_are_nacked_when_no_master_comes_in_time():
     assert watch.failing          # the spell goes on: later publishes wait again
 
 
-def test_held_publishes_are_nacked_at_once_when_no_mirror_can_take_over():
+def test_held_publishes_are_nacked_after_a_blip_when_no_mirror_can_take_over():
+    """A broken stream is not yet a dead master: what a blip holds goes to it if it answers,
+    even when the blip also broke the mirrors' streams (none in sync, none can take over)."""
     watch = FailoverWatch()
     watch.broke(0.0)
     watch.holding(0.0)
-    assert acts(watch.tick(0.2, master_up=False, can_fail_over=False)) == [Act.NACK_HELD]
+    assert watch.tick(0.2, master_up=False, can_fail_over=False) == []
+    assert acts(watch.tick(BLIP + 0.2, master_up=False, can_fail_over=False)) == [Act.NACK_HELD]
+
+
+def test_a_blip_that_broke_the_mirrors_streams_too_resumes_with_the_master():
+    watch = FailoverWatch()
+    watch.broke(0.0)
+    watch.holding(0.0)
+    assert watch.tick(0.4, master_up=True, can_fail_over=False) == []
+    assert acts(watch.tick(BLIP + 0.2, master_up=True, can_fail_over=False)) == [Act.RESUME]
 
 
 def test_the_oldest_held_publish_sets_the_time_out():
