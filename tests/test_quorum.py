@@ -10,21 +10,15 @@ import time
 import pika
 import pytest
 
-from tests.clusters import ctl, queue_row, stop_cluster
-from tests.conftest import IS_REF, pika_conn, unique_name, wait_until
+from tests.clusters import ctl, queue_row
+from tests.conftest import pika_conn, unique_name, wait_until
 from tests.management import http, q
-from tests.test_management_cluster import managed_cluster, metrics
+from tests.test_management_cluster import metrics
+
+# one cluster (with the management API) for the module: each test leaves it usable for the next
+pytestmark = pytest.mark.cluster(management=True, shared=True)
 
 QUORUM = {"x-queue-type": "quorum"}
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    if IS_REF:
-        pytest.skip("starts and kills cluster node processes")
-    members, partition = managed_cluster(tmp_path_factory.mktemp("quorum"))
-    yield [members[n] for n in ("hare1", "hare2", "hare3")]
-    stop_cluster(list(members.values()), partition)
 
 
 def _synced(member, name, mirrors):

@@ -22,9 +22,8 @@ import time
 import pika
 import pytest
 
-from tests.clusters import queue_row, stop_cluster
+from tests.clusters import queue_row
 from tests.conftest import IS_REF, PROJECT_ROOT, unique_name, wait_until
-from tests.test_management_cluster import managed_cluster
 
 TOTAL = 300           # confirmed messages each publisher sends
 KILL_AT = 100         # the leader's node is killed once this many are confirmed
@@ -34,19 +33,13 @@ JS_DIR = PROJECT_ROOT / "tests" / "js"
 NODE = shutil.which("node")
 
 pytestmark = [pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes"),
-              pytest.mark.timeout(300)]     # a failover and a restart each, on a shared machine
+              pytest.mark.timeout(300),     # a failover and a restart each, on a shared machine
+              pytest.mark.cluster(management=True, shared=True)]
 
 
 def quorum_arguments(dead: str) -> dict:
     return {"x-queue-type": "quorum", "x-delivery-limit": LIMIT, "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": dead}
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    members, partition = managed_cluster(tmp_path_factory.mktemp("qqclients"))
-    yield [members[n] for n in ("hare1", "hare2", "hare3")]
-    stop_cluster(list(members.values()), partition)
 
 
 class Seen:

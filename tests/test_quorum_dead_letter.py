@@ -9,9 +9,11 @@ import json
 import pika
 import pytest
 
-from tests.clusters import ctl, queue_row, stop_cluster
+from tests.clusters import ctl, queue_row
 from tests.conftest import IS_REF, needs_process, pika_conn, unique_name, wait_until
-from tests.test_management_cluster import managed_cluster
+
+# the tests across nodes share one cluster (with the management API)
+pytestmark = pytest.mark.cluster(management=True, shared=True)
 
 QUORUM = {"x-queue-type": "quorum"}
 
@@ -133,15 +135,6 @@ def test_at_least_once_without_reject_publish_falls_back_to_at_most_once(node):
 
 
 # ---- across nodes: a dead target, a killed source ---------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    if IS_REF:
-        pytest.skip("starts and kills cluster node processes")
-    members, partition = managed_cluster(tmp_path_factory.mktemp("qqdl"))
-    yield [members[n] for n in ("hare1", "hare2", "hare3")]
-    stop_cluster(list(members.values()), partition)
-
 
 def _reject_all(ch, queue: str, count: int, redelivered: bool | None) -> list:
     bodies = []
