@@ -10,7 +10,6 @@ import pytest
 
 from haremq.node.management.stats import WATCH_INTERVAL
 
-from tests.clusters import managed_cluster  # noqa: F401 - imported from here by tests/test_quorum_dead_letter.py
 from tests.conftest import IS_REF, unique_name, wait_until
 from tests.management import http, q
 

@@ -14,9 +14,10 @@ import urllib.request
 import pika
 import pytest
 
+from tests.clusters import managed_cluster
 from tests.conftest import IS_REF, free_port, port_open, unique_name, wait_until
 from tests.management import http, q
-from tests.test_management_cluster import NAMES, managed_cluster
+from tests.test_management_cluster import NAMES
 
 PROMETHEUS = os.environ.get("PROMETHEUS_BIN") or shutil.which("prometheus")
 pytestmark = [
