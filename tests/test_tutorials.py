@@ -13,19 +13,13 @@ import aio_pika
 import pika
 import pytest
 
-from tests.clusters import proxied_cluster, stop_cluster
-from tests.conftest import IS_REF, pika_conn, unique_name, wait_until
+from tests.conftest import pika_conn, unique_name, wait_until
 
 TARGETS = ["node", "hare1", "hare2", "hare3"]
 
 
-@pytest.fixture(scope="module")
-def tutorial_cluster(tmp_path_factory):
-    if IS_REF:
-        pytest.skip("starts a three-node cluster")
-    members, partition = proxied_cluster(tmp_path_factory.mktemp("tutorials"))
-    yield members
-    stop_cluster(members, partition)
+# the cluster members of TARGETS: one cluster for the module
+pytestmark = pytest.mark.cluster(failure_timeout=1.5, shared=True)
 
 
 @pytest.fixture(params=TARGETS)
@@ -34,7 +28,7 @@ def nodes(request):
     if request.param == "node":
         n = request.getfixturevalue("node")
         return n, n
-    members = request.getfixturevalue("tutorial_cluster")
+    members = request.getfixturevalue("cluster")
     i = TARGETS.index(request.param) - 1
     return members[i], members[(i + 1) % 3]
 
@@ -366,11 +360,11 @@ def test_aio_pika_6_rpc(nodes):
 # ---- server-named queues across a cluster ---------------------------------------------------------
 
 @pytest.mark.parametrize("exclusive", [True, False], ids=["exclusive", "shared"])
-def test_server_named_queue_declared_anywhere_is_usable_everywhere(tutorial_cluster, exclusive):
+def test_server_named_queue_declared_anywhere_is_usable_everywhere(cluster, exclusive):
     """A server-named queue declared on each member in turn: bound, published to and consumed
     from every member (its owner's connection only, when exclusive), then deleted."""
-    for i, home in enumerate(tutorial_cluster):
-        others = [tutorial_cluster[(i + 1) % 3], tutorial_cluster[(i + 2) % 3]]
+    for i, home in enumerate(cluster):
+        others = [cluster[(i + 1) % 3], cluster[(i + 2) % 3]]
         conn = pika_conn(home)
         ch = conn.channel()
         queue = ch.queue_declare("", exclusive=exclusive, auto_delete=not exclusive).method.queue
@@ -380,7 +374,7 @@ def test_server_named_queue_declared_anywhere_is_usable_everywhere(tutorial_clus
         for user in users:
             user.queue_declare(queue, passive=True)
             user.queue_bind(queue, "amq.fanout")
-        for n, member in enumerate(tutorial_cluster):
+        for n, member in enumerate(cluster):
             sender = pika_conn(member).channel()
             sender.confirm_delivery()
             sender.basic_publish("amq.direct", queue, b"%d" % n)
@@ -393,7 +387,7 @@ def test_server_named_queue_declared_anywhere_is_usable_everywhere(tutorial_clus
             users[1].queue_delete(queue)
         else:
             ch.queue_delete(queue)
-        for member in tutorial_cluster:
+        for member in cluster:
             probe = pika_conn(member).channel()
             wait_until(lambda: _missing(probe, queue), timeout=10, message=f"{queue} still on {member.name}")
 
@@ -407,10 +401,10 @@ def _missing(ch, queue) -> bool:
     return False
 
 
-def test_declare_bind_delete_cycles_of_server_named_queues_on_every_node(tutorial_cluster):
+def test_declare_bind_delete_cycles_of_server_named_queues_on_every_node(cluster):
     """Tutorial 3's subscriber restarted over and over (Celery's pidbox does this): 30 cycles of
     declare, bind to amq.direct, delete on each member."""
-    for member in tutorial_cluster:
+    for member in cluster:
         ch = pika_conn(member).channel()
         for _ in range(30):
             queue = ch.queue_declare("", exclusive=True).method.queue
