@@ -252,8 +252,9 @@ def leader_and_term(members) -> tuple[str, int] | None:
     return (leader, term) if leader else None
 
 
-def stop_cluster(members, partition) -> None:
-    """Kill every member (a SIGSTOPped one is woken first, so it dies) and close the proxies."""
+def stop_cluster(members, partition=None) -> None:
+    """Kill every member (a SIGSTOPped one is woken first, so it dies) and close the proxies
+    (a plain cluster has none)."""
     for m in members:
         if m.proc is not None and m.proc.poll() is None:
             try:
@@ -261,7 +262,8 @@ def stop_cluster(members, partition) -> None:
             except ProcessLookupError:
                 pass
         m.kill9()
-    partition["close"]()
+    if partition is not None:
+        partition["close"]()
 
 
 class Cluster(list):

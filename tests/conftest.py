@@ -294,15 +294,14 @@ def node_or_cluster_member(tmp_path_factory, request):
         return
     if IS_REF:
         pytest.skip("starts a three-node cluster; the reference broker is one node")
-    from tests.clusters import mirror_every_queue, not_the_leader, plain_cluster
+    from tests.clusters import mirror_every_queue, not_the_leader, plain_cluster, stop_cluster
     members = plain_cluster(tmp_path_factory.mktemp(f"{mod}-cluster"))
     try:
         member = not_the_leader(members)
         mirror_every_queue(member)
         yield member
     finally:
-        for m in members:
-            m.kill9()
+        stop_cluster(members)
 
 
 @pytest.fixture(scope="module")
