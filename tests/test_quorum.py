@@ -367,3 +367,18 @@ def test_a_quorum_queue_redeclared_differently_is_refused_as_rabbitmq_does(node)
     ch.queue_declare(classic, durable=True, arguments={"x-queue-type": "classic"})   # the same queue, as RabbitMQ
     ch.queue_delete(classic)
     ch.queue_delete(name)
+
+
+def test_another_queue_types_consumer_argument_is_refused_as_rabbitmq_does(node):
+    name = unique_name("qq.consume")
+    pika_conn(node).channel().queue_declare(name, durable=True, arguments=QUORUM)
+    for key, value in (("x-cancel-on-ha-failover", True), ("x-stream-offset", "first")):
+        ch = pika_conn(node).channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
+            ch.basic_consume(name, lambda *_a: None, arguments={key: value})
+        assert (ei.value.reply_code, ei.value.reply_text) == (
+            406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '/' of queue type "
+                 "rabbit_quorum_queue")
+    ch = pika_conn(node).channel()
+    ch.basic_consume(name, lambda *_a: None, arguments={"x-priority": 3})      # its own: fine
+    ch.queue_delete(name)

@@ -1070,7 +1070,13 @@ class ContentsReader:
 
 
 def consumer_priority(arguments: dict | None, queue: "Queue") -> int:
-    """basic.consume's x-priority argument, or RabbitMQ's 406 for a bad one."""
+    """basic.consume's x-priority argument, or RabbitMQ's 406 for a bad one (and for another queue
+    type's consumer argument: x-cancel-on-ha-failover on a quorum queue, x-stream-offset)."""
+    for key in ("x-cancel-on-ha-failover", "x-stream-offset"):
+        if key in (arguments or {}) and (key == "x-stream-offset" or is_quorum(queue.arguments)):
+            kind = "quorum" if is_quorum(queue.arguments) else "classic"
+            raise AMQPError(ReplyCode.PRECONDITION_FAILED,
+                            f"invalid arg '{key}' for {queue.describe()} of queue type rabbit_{kind}_queue", 60, 20)
     value = (arguments or {}).get("x-priority")
     if value is None:
         return 0
