@@ -81,6 +81,21 @@ def test_a_rejected_message_reaches_the_target_with_x_death(node, strategy):
     ch.queue_delete(dead)
 
 
+def test_an_expired_message_is_dead_lettered_at_least_once(node):
+    ch = pika_conn(node).channel()
+    name, dead = unique_name("qq.ttl"), unique_name("qq.ttl.target")
+    ch.queue_declare(dead, durable=True, arguments=QUORUM)
+    ch.queue_declare(name, durable=True, arguments=at_least_once("", dead, **{"x-message-ttl": 50}))
+    ch.confirm_delivery()
+    ch.basic_publish("", name, b"late")
+    _method, props, body = got(ch, dead)
+    assert (body, props.headers["x-death"][0]["reason"], props.headers["x-death"][0]["queue"]) == \
+        (b"late", "expired", name)
+    assert ch.queue_declare(name, durable=True, passive=True).method.message_count == 0
+    ch.queue_delete(name)
+    ch.queue_delete(dead)
+
+
 @pytest.mark.skipif(IS_REF, reason="RabbitMQ tries an unroutable dead letter again every 180 s "
                                    "(dead_letter_worker_publisher_confirm_timeout)")
 def test_at_least_once_keeps_a_dead_letter_until_a_queue_takes_it(node):
