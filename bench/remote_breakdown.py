@@ -103,7 +103,7 @@ DELIVERY_CLIENT = textwrap.dedent('''
 def install_marks(out_path: str) -> None:
     """Wrap the node's steps; write {name: [ns, ...]} to out_path when the process ends."""
     from haremq.cluster.queue_service import LinkChannel
-    from haremq.cluster.remote_queue import QueueLink
+    from haremq.cluster.queue_link import QueueLink
     from haremq.cluster.replicator import Replicator
     from haremq.node.broker.session import Session
     from haremq.node.server import AMQPProtocol

@@ -21,7 +21,7 @@ from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
 from .codec import message_from_pb, message_to_pb
-from .remote_queue import DISCARD, MOVED, REQUEUE, piled_up
+from .queue_link import DISCARD, MOVED, REQUEUE, piled_up
 from .rpc import cluster_pb2 as pb
 
 MAX_PENDING_EVENTS = 2000
