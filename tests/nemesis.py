@@ -311,8 +311,9 @@ class Nemesis:
     """Applies faults from a seed; at most one member is away at a time, but for whole-cluster
     restarts (so the cluster keeps a majority between them)."""
 
-    KINDS = ("kill-master", "kill-member", "kill-leader", "pause", "isolate", "bridge", "restart-all", "disk-full")
-    WEIGHTS = (4, 3, 2, 2, 2, 2, 1, 2)
+    KINDS = ("kill-master", "kill-member", "kill-leader", "pause", "isolate", "bridge", "restart-all", "disk-full",
+             "reset")
+    WEIGHTS = (4, 3, 2, 2, 2, 2, 1, 2, 2)
 
     def __init__(self, mesh: Mesh, seed: int, log=print):
         self.mesh = mesh
@@ -410,6 +411,16 @@ class Nemesis:
         time.sleep(seconds)
         self.mesh.heal()
         return f"{a} and {b} cut from each other (both see the third) for {seconds:.1f} s"
+
+    def _reset(self) -> str:
+        """Every connection between a member and the others reset at once, the member alive and
+        reachable again at once (a blip: nobody should take it for dead)."""
+        name = self.rng.choice(self._alive())
+        for other in NAMES:
+            if other != name:
+                self.mesh.cut(name, other)
+        self.mesh.heal()
+        return f"{name}'s connections to the others reset"
 
     def _disk_full(self) -> str:
         """A member's disk full for a while: publishes are nacked (the disk alarm); a member that
