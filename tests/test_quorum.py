@@ -89,6 +89,27 @@ def test_prometheus_counts_the_members_online(cluster):
                timeout=30, message="hare3 never counted online again")
 
 
+def test_shrink_moves_the_leadership_off_the_node_it_empties(cluster):
+    """rabbitmq-queues shrink NODE removes NODE from every queue, the ones it leads too."""
+    hare1, hare2, _hare3 = cluster
+    name = unique_name("qq.shrunk")
+    ch = pika_conn(hare1).channel()
+    ch.queue_declare(name, durable=True, arguments=QUORUM)
+    _synced(hare2, name, ["hare2", "hare3"])
+    ch.confirm_delivery()
+    for i in range(20):
+        ch.basic_publish("", name, b"%d" % i)
+    r = ctl(hare2, "shrink", "hare1", "--queue-pattern", name.replace(".", r"\."), "--json")
+    assert r.returncode == 0, r.stderr
+    assert [row["result"] for row in json.loads(r.stdout)] == ["ok"]
+    row = wait_until(lambda: (lambda r: r if r and r["members"] == ["hare2", "hare3"] else None)(
+        queue_row(hare2, name)), timeout=20, message="hare1 never left")
+    assert row["leader"] in ("hare2", "hare3")
+    assert pika_conn(hare2).channel().queue_declare(name, durable=True, passive=True,
+                                                    arguments=QUORUM).method.message_count == 20
+    pika_conn(hare2).channel().queue_delete(name)
+
+
 def test_delete_member_of_the_leader_moves_leadership_first_and_keeps_every_confirmed_message(cluster):
     """rabbitmq-queues delete_member works on the leader too: another member takes over first. A
     publisher keeps going meanwhile; whatever was confirmed is in the queue afterwards."""
