@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -32,6 +33,37 @@ def _chan(member, confirm=False):
 def _policy(member, pattern, definition, name="ha"):
     r = ctl(member, "set-policy", name, pattern, json.dumps(definition), "--apply-to", "queues")
     assert r.returncode == 0, r.stderr
+
+
+def _publish_in_one_write(member, queue: str, body: bytes) -> socket.socket:
+    """A raw publisher: connection, channel, then basic.publish with its header and body in one
+    write. The socket is returned open."""
+    from pamqp import body as pbody, commands as spec, frame, header
+    s = socket.create_connection(("127.0.0.1", member.port))
+    buf = b""
+
+    def read():
+        nonlocal buf
+        while True:
+            try:
+                used, _ch, f = frame.unmarshal(buf)
+                buf = buf[used:]
+                return f
+            except Exception:  # noqa: BLE001 - not a whole frame yet
+                buf += s.recv(65536)
+
+    s.sendall(b"AMQP\x00\x00\x09\x01")
+    read()
+    s.sendall(frame.marshal(spec.Connection.StartOk({}, "PLAIN", "\x00guest\x00guest", "en_US"), 0))
+    read()
+    s.sendall(frame.marshal(spec.Connection.TuneOk(2047, 131072, 0), 0) + frame.marshal(spec.Connection.Open("/"), 0))
+    read()
+    s.sendall(frame.marshal(spec.Channel.Open(), 1))
+    read()
+    s.sendall(b"".join(frame.marshal(f, 1) for f in (
+        spec.Basic.Publish(exchange="", routing_key=queue),
+        header.ContentHeader(0, len(body), spec.Basic.Properties()), pbody.ContentBody(body))))
+    return s
 
 
 def _synced(member, name, mirrors):
@@ -626,7 +658,10 @@ def test_an_alarm_on_one_node_blocks_publishers_on_every_node(tmp_path):
         assert status["alarms"] == ["memory"] and status["alarms_by_node"] == {"hare2": ["memory"]}
         c, ch = _chan(hare3)
         ch.queue_declare("alarm.q")
-        ch.basic_publish("", "alarm.q", b"queued before")     # not blocked until it publishes
+        # not blocked until it publishes: its first message is routed when its three frames come
+        # in one read (pika writes them one by one, so the block may come between them)
+        first = _publish_in_one_write(hare3, "alarm.q", b"queued before")
+        wait_until(lambda: (queue_row(hare3, "alarm.q") or {}).get("messages") == 1, timeout=10)
         # (left open: a blocked connection's frames, connection.close too, wait unread)
         blocked, unblocked = [], []
         pub = pika.BlockingConnection(pika.URLParameters(hare1.url))
@@ -648,6 +683,7 @@ def test_an_alarm_on_one_node_blocks_publishers_on_every_node(tmp_path):
         assert ctl_json(hare1, "cluster-status")["alarms"] == []
         for conn in (pub, cc):
             conn.close()
+        first.close()
     finally:
         for m in members:
             m.kill9()
