@@ -196,7 +196,7 @@ class Control:
         if not args.get("local"):
             return await self._on_members("management_rows", args)
         from haremq.node.management.views import local_rows
-        return local_rows(self.broker, args["kind"])
+        return local_rows(self.broker, self.node.management_view, args["kind"])
 
     async def management_close(self, args: dict) -> list:
         """The management API's DELETE /api/connections/{name}: the member the client is

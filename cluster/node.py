@@ -23,6 +23,7 @@ from .control import Control
 from .metadata import MetadataMachine, raise_result
 from .raft import NotLeader, Raft
 from .raft_storage import RaftStorage
+from .management_view import ClusterManagementView
 from .membership import CHANNEL_OPTIONS, Membership
 from .reply_to import ReplyForwarder
 from .mirroring import Mirroring
@@ -82,6 +83,7 @@ class ClusterNode:
         self._announced = False
         self._returning = False        # paused after announcing: node.resumed before serving again
         self.draining = False
+        self.management_view = ClusterManagementView(self)    # what the management side reads of the cluster
         broker.cluster = self
         broker.metadata = self
 

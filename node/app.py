@@ -16,6 +16,8 @@ from typing import Callable, Protocol
 import structlog
 
 from .broker.broker import Broker
+from .management.cluster_view import ClusterView
+from .management.single_node import SingleNodeView
 from .server import AMQPServer
 from .store.store import MessageStore, StoreError
 from .tasks import TaskGroup
@@ -59,8 +61,12 @@ class NodeConfig:
 
 
 class ClusterSide(Protocol):
-    """What a node asks of its cluster side (cluster/node.py's ClusterNode): started once the
-    broker and the AMQP listener are up, stopped before them."""
+    """What a node asks of its cluster side (cluster/node.py's ClusterNode): built before the
+    management side (which reads the cluster through its view), started once the broker and
+    the AMQP listener are up, stopped before them."""
+
+    @property
+    def management_view(self) -> ClusterView: ...
 
     async def start(self) -> None: ...
 
@@ -112,9 +118,13 @@ class Node:
         self._default_user()
         await self._load_definitions()
         self._resource_monitor()
-        await self._start_management()     # a management port in use stops the node before AMQP opens
         self.amqp = AMQPServer(self.broker, self.config.bind, self.config.amqp_port, self.config.tls_port, tls)
         clustered = self.config.cluster_port is not None
+        # The cluster side is built (not started) before the management side, which reads the
+        # cluster through its view; a node on its own is a cluster of one.
+        cluster_side = self._cluster_side(self) if clustered else None
+        view = cluster_side.management_view if clustered else SingleNodeView(self.broker)
+        await self._start_management(view)     # a management port in use stops the node before AMQP opens
         try:
             # A clustered node serves AMQP only once it sees a majority (pause-minority).
             await self.amqp.start(serving=not clustered)
@@ -125,7 +135,7 @@ class Node:
             raise NodeError(f"cannot listen on {self.config.bind}:{ports}: {exc.strerror or exc}") from None
         self.resources.start()
         if clustered:
-            self.cluster = self._cluster_side(self)
+            self.cluster = cluster_side
             try:
                 await self.cluster.start()
             except OSError as exc:
@@ -135,8 +145,9 @@ class Node:
                       amqps=f"{self.config.bind}:{self.amqp.tls_port}" if self.amqp.tls_port else None,
                       data_dir=str(self.config.data_dir), pid=os.getpid())
 
-    async def _start_management(self) -> None:
-        """The management HTTP API and web view, and Prometheus metrics (node/management/)."""
+    async def _start_management(self, view: ClusterView) -> None:
+        """The management HTTP API and web view, and Prometheus metrics (node/management/),
+        reading the cluster through `view`."""
         if not self.config.management_port and not self.config.prometheus_port:
             return
         from .management import Management
@@ -150,7 +161,7 @@ class Node:
                                      self.config.tls_verify_peer)
             except TLSConfigError as exc:
                 raise NodeError(str(exc)) from None
-        self.management = Management(self.broker, self.config.bind, self.config.management_port,
+        self.management = Management(self.broker, view, self.config.bind, self.config.management_port,
                                      self.config.prometheus_port, self.config.prometheus_per_queue, ssl,
                                      optional=self.config.optional_ports)
         try:

@@ -9,7 +9,8 @@ HareMQ's own: mirrors and synchronised mirrors per queue, the members of a
 quorum queue and how many are online (RabbitMQ 3.10's plugin has no such
 series: `haremq_queue_members`, `haremq_queue_members_online`), epochs and
 failovers, sync progress, the store's group commits and fsync time, Raft
-term and leader, and which members this node sees up.
+term and leader, and which members this node sees up (the cluster's series
+come from its view: cluster/management_view.py).
 
 Each node exports the queues whose messages live on it, as each RabbitMQ node
 does. `/metrics` has one series per queue (labels `vhost`, `queue`) unless the
@@ -18,6 +19,8 @@ without labels (RabbitMQ's default aggregated form); `/metrics/per-object`
 always has them per queue.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -28,6 +31,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..broker.ports import QueuePort
 from .stats import local_queues, node_totals
 from .views import client_sessions
+
+if TYPE_CHECKING:
+    from .cluster_view import ClusterView
 
 QUEUE_GAUGES = (
     ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers", "ready"),
@@ -58,15 +64,15 @@ def store_module():
 
 
 class BrokerCollector:
-    def __init__(self, broker, per_queue: bool):
+    def __init__(self, broker, view: ClusterView, per_queue: bool):
         self.broker = broker
+        self.view = view
         self.per_queue = per_queue
 
     def collect(self, per_queue: bool | None = None):
         per_queue = self.per_queue if per_queue is None else per_queue
         broker = self.broker
         node = broker.node_name
-        cluster = broker.cluster
         info = InfoMetricFamily("rabbitmq_identity", "RabbitMQ node & cluster identity info")
         info.add_metric([], {"rabbitmq_node": node, "rabbitmq_cluster": broker.server_properties()["cluster_name"]})
         yield info
@@ -110,8 +116,7 @@ class BrokerCollector:
         yield GaugeMetricFamily("rabbitmq_queues", "Queues available", value=len(queues))
         yield from self._queues(queues, per_queue)
         yield from self._store()
-        if cluster is not None:
-            yield from self._cluster(cluster, queues, per_queue)
+        yield from self.view.metric_families(queues, per_queue)     # the cluster's own series
 
     def _queues(self, queues, per_queue: bool):
         labels = ["vhost", "queue"] if per_queue else []
@@ -152,80 +157,6 @@ class BrokerCollector:
         yield CounterMetricFamily("haremq_store_written_bytes", "Bytes written to the message store",
                                   value=stats.get("bytes", 0))
 
-    def _cluster(self, cluster, queues, per_queue: bool):
-        membership = cluster.membership
-        up = GaugeMetricFamily("haremq_peer_up", "1 if this node sees the member up", labels=["peer"])
-        for row in membership.status():
-            if not row["self"]:
-                up.add_metric([row["name"]], int(bool(row["up"])))
-        yield up
-        yield GaugeMetricFamily("haremq_node_paused", "1 while this node pauses (it cannot see a majority)",
-                                value=int(bool(membership.paused)))
-        yield GaugeMetricFamily("haremq_cluster_members", "Members of the cluster", value=membership.size)
-        raft = cluster.raft
-        yield GaugeMetricFamily("haremq_raft_term", "Current Raft term of the metadata log", value=raft.term)
-        yield GaugeMetricFamily("haremq_raft_commit_index", "Raft commit index of the metadata log",
-                                value=raft.commit_index)
-        yield GaugeMetricFamily("haremq_raft_is_leader", "1 if this node leads the metadata log",
-                                value=int(raft.role == "leader"))
-        leader = GaugeMetricFamily("haremq_raft_leader", "The metadata leader as this node sees it",
-                                   labels=["leader"])
-        leader.add_metric([raft.leader or ""], 1)
-        yield leader
-
-        mirroring = cluster.mirroring
-        states = list(mirroring.states.values())
-        yield CounterMetricFamily("haremq_queue_failovers",
-                                  "Promotions of a mirror to master (sum of epochs above 1 of mirrored queues)",
-                                  value=sum(max(0, s.epoch - 1) for s in states))
-        labels = ["vhost", "queue"] if per_queue else []
-        mirrors = GaugeMetricFamily("haremq_queue_mirrors", "Mirrors a queue's policy places", labels=labels)
-        synced = GaugeMetricFamily("haremq_queue_synchronised_mirrors", "Synchronised mirrors of a queue",
-                                   labels=labels)
-        epoch = GaugeMetricFamily("haremq_queue_epoch", "Epoch of a mirrored queue (bumped by each failover)",
-                                  labels=["vhost", "queue"])
-        progress = GaugeMetricFamily("haremq_queue_sync_progress_ratio",
-                                     "Share of the master's contents a syncing mirror has copied",
-                                     labels=["vhost", "queue", "mirror"])
-        members = GaugeMetricFamily("haremq_queue_members", "Members of a quorum queue (its leader and followers)",
-                                    labels=labels)
-        online = GaugeMetricFamily("haremq_queue_members_online",
-                                   "Members of a quorum queue on nodes this node sees up", labels=labels)
-        up = set(membership.up_members())
-        total_mirrors = total_synced = total_members = total_online = 0
-        for vname, queue in queues:
-            state = mirroring.states.get((vname, queue.name))
-            if state is not None and state.group is not None:
-                count, count_online = len(state.group), sum(1 for n in state.group if n in up)
-                total_members += count
-                total_online += count_online
-                if per_queue:
-                    members.add_metric([vname, queue.name], count)
-                    online.add_metric([vname, queue.name], count_online)
-            if state is None or not state.mirrors:
-                continue
-            total_mirrors += len(state.mirrors)
-            total_synced += len(state.synced)
-            if per_queue:
-                mirrors.add_metric([vname, queue.name], len(state.mirrors))
-                synced.add_metric([vname, queue.name], len(state.synced))
-            epoch.add_metric([vname, queue.name], state.epoch)
-            for mirror, text in (mirroring.status(vname, queue.name).get("sync_progress") or {}).items():
-                sent, _, total = str(text).partition("/")
-                if total and total.isdigit() and int(total):
-                    progress.add_metric([vname, queue.name, mirror], int(sent) / int(total))
-        if not per_queue:
-            mirrors.add_metric([], total_mirrors)
-            synced.add_metric([], total_synced)
-            members.add_metric([], total_members)
-            online.add_metric([], total_online)
-        yield members
-        yield online
-        yield mirrors
-        yield synced
-        yield epoch
-        yield progress
-
 
 class PerObject:
     """The same collector with per-queue series whatever the flag says (/metrics/per-object)."""
@@ -238,9 +169,10 @@ class PerObject:
 
 
 class Metrics:
-    def __init__(self, broker, per_queue: bool = True):
+    def __init__(self, broker, view: ClusterView, per_queue: bool = True):
         self.broker = broker
-        collector = BrokerCollector(broker, per_queue)
+        self.view = view
+        collector = BrokerCollector(broker, view, per_queue)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         self.per_object = CollectorRegistry(auto_describe=False)
@@ -269,8 +201,7 @@ class Metrics:
     async def health(self, request) -> web.Response:
         """For probes, without credentials: 200 while the node serves, 503 while it pauses
         (it cannot see a majority of the cluster). Alarms do not count: see /api/health/checks."""
-        cluster = self.broker.cluster
-        if cluster is not None and cluster.membership.paused:
+        if self.view.paused:
             return web.json_response({"status": "failed", "reason": "paused: this node cannot see a majority"},
                                      status=503)
         return web.json_response({"status": "ok"})

@@ -14,9 +14,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from ..broker.ports import QueuePort
 from ..tasks import TaskGroup
+
+if TYPE_CHECKING:
+    from .cluster_view import ClusterView
 
 INTERVAL = 5.0          # seconds between samples
 WATCH_INTERVAL = 1.0    # seconds between looks at the cluster's members and queue masters
@@ -66,8 +70,9 @@ def rate(now_value, then_value, seconds) -> float:
 class Sampler:
     """Rates and history from counters sampled every INTERVAL seconds, and the timeline."""
 
-    def __init__(self, broker):
+    def __init__(self, broker, view: ClusterView):
         self.broker = broker
+        self.view = view
         self.history: deque = deque(maxlen=HISTORY)     # node samples: dicts with "t"
         self.events: deque = deque(maxlen=EVENTS)
         self._queues: dict[tuple[str, str], tuple[float, tuple[int, int, int]]] = {}
@@ -107,7 +112,8 @@ class Sampler:
             before = self._queues.get(key)
             if before is not None:
                 dt = now - before[0]
-                self._queue_rates[key] = tuple(rate(a, b, dt) for a, b in zip(counters, before[1]))
+                published, delivered, acked = (rate(a, b, dt) for a, b in zip(counters, before[1]))
+                self._queue_rates[key] = (published, delivered, acked)
             seen[key] = (now, counters)
             ready += queue.message_count
             unacked += queue.unacked
@@ -157,25 +163,21 @@ class Sampler:
         self.events.append({"time": round(time.time(), 3), "kind": kind, "text": text, **fields})
 
     def _watch_cluster(self, now: float) -> None:
-        cluster = self.broker.cluster
-        if cluster is None:
-            return
-        members = {}
-        for row in cluster.membership.status():
-            members[row["name"]] = "paused" if row.get("paused") else ("up" if row["up"] else "down")
+        members = {member.name: member.state for member in self.view.members()}
         for name, state in members.items():
             before = self._members.get(name)
             if before is not None and before != state:
                 self.note("member", f"{name} is {state}", node=name, state=state)
         self._members = members
         masters = {}
-        for key, state in list(cluster.mirroring.states.items()):
-            masters[key] = (state.home, state.epoch)
-            before = self._masters.get(key)
-            if before is not None and before != masters[key]:
-                self.note("failover", f"queue '{key[1]}' in vhost '{key[0]}': master {before[0]} -> {state.home} "
-                          f"(epoch {state.epoch})", vhost=key[0], queue=key[1], old=before[0], new=state.home,
-                          epoch=state.epoch)
+        for placement in self.view.placements():
+            key = placement.key
+            masters[key] = (placement.home, placement.epoch)
+            was = self._masters.get(key)
+            if was is not None and was != masters[key]:
+                self.note("failover", f"queue '{key[1]}' in vhost '{key[0]}': master {was[0]} -> {placement.home} "
+                          f"(epoch {placement.epoch})", vhost=key[0], queue=key[1], old=was[0], new=placement.home,
+                          epoch=placement.epoch)
         self._masters = masters
 
     def watch(self) -> None:

@@ -5,14 +5,20 @@ are), connections, channels and consumers by the node the client is connected
 to, and each node describes itself. In a cluster `haremq ctl`'s control call
 `management_rows` asks every member that is up for its part (see
 cluster/control.py) and the API merges them; a single node answers alone.
+What the cluster adds (a queue's mirrors, a member's links) comes from the
+node's ClusterView (cluster_view.py).
 """
 from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from . import serializers as js
 from .stats import local_queues
+
+if TYPE_CHECKING:
+    from .cluster_view import ClusterView
 
 KINDS = ("queues", "connections", "channels", "consumers", "nodes")
 STARTED = time.time()
@@ -26,16 +32,12 @@ def client_sessions(broker):
         yield session
 
 
-def local_rows(broker, kind: str) -> list[dict]:
+def local_rows(broker, view: ClusterView, kind: str) -> list[dict]:
     node = broker.node_name
     if kind == "queues":
         sampler = getattr(broker, "sampler", None)
-        mirroring = broker.cluster.mirroring if broker.cluster is not None else None
-        rows = []
-        for vname, queue in local_queues(broker):
-            status = mirroring.status(vname, queue.name) if mirroring is not None else None
-            rows.append(js.queue_row(vname, queue, node, sampler, status))
-        return rows
+        return [js.queue_row(vname, queue, node, sampler, view.queue_status(vname, queue.name))
+                for vname, queue in local_queues(broker)]
     if kind == "connections":
         return [js.connection_json(s, node) for s in client_sessions(broker)]
     if kind == "channels":
@@ -44,15 +46,14 @@ def local_rows(broker, kind: str) -> list[dict]:
         return [js.consumer_json(s, c, consumer, node) for s in client_sessions(broker)
                 for c in list(s.channels.values()) for consumer in list(c.consumers.values())]
     if kind == "nodes":
-        return [node_json(broker)]
+        return [node_json(broker, view)]
     raise ValueError(f"unknown kind '{kind}'")
 
 
-def node_json(broker) -> dict:
+def node_json(broker, view: ClusterView) -> dict:
     """This node as /api/nodes describes one (RabbitMQ's names for memory, disk and alarms)."""
     status = broker.resource_status()
     alarms = set(broker.alarms)
-    cluster = broker.cluster
     row = {"name": broker.node_name, "type": "disc", "running": True, "os_pid": str(os.getpid()),
            "uptime": int((time.time() - STARTED) * 1000),
            "mem_used": status.get("memory_used"), "mem_limit": status.get("memory_limit"),
@@ -60,11 +61,7 @@ def node_json(broker) -> dict:
            "disk_free": status.get("disk_free"), "disk_free_limit": status.get("disk_free_limit"),
            "disk_free_alarm": any(a.startswith("disk") for a in alarms),
            "partitions": [], "being_drained": False, "alarms": sorted(alarms), "paused": False}
-    if cluster is not None:
-        membership = cluster.membership
-        row["paused"] = bool(membership.paused)
-        row["cluster_links"] = [{"name": p["name"], "up": p["up"]} for p in membership.status() if not p["self"]]
-        row["raft"] = {"term": cluster.raft.term, "role": cluster.raft.role, "leader": cluster.raft.leader}
+    row.update(view.node_fields())
     return row
 
 
