@@ -19,7 +19,7 @@ import structlog
 from haremq.node.broker.message import Entry, Message
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 
-from .codec import message_from_pb
+from .codec import message_from_pb, pack_publishes
 from .rpc import cluster_pb2 as pb
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ class QueueLink:
             if call is None:
                 return
             batch, ended = piled_up(calls, call)
+            batch = with_publishes_packed(batch)
             yield batch[0] if len(batch) == 1 else pb.QueueCall(batch=pb.QueueCall.Batch(calls=batch))
             if ended:
                 return
@@ -84,6 +85,11 @@ class QueueLink:
     def send(self, call: pb.QueueCall) -> None:
         if not self.closed:
             self.calls.put_nowait(call)
+
+    def send_publish(self, seq: int, message: Message) -> None:
+        """A publish waits as (seq, message): consecutive ones go packed (with_publishes_packed)."""
+        if not self.closed:
+            self.calls.put_nowait((seq, message))
 
     async def _read(self) -> None:
         channel = self.channel
@@ -221,6 +227,24 @@ class QueueLink:
         if not self.closed:
             self.closed = True
             self.calls.put_nowait(None)
+
+
+def with_publishes_packed(batch: list) -> list:
+    """A batch of calls with each run of publishes, waiting as (seq, message), as one
+    QueueCall.Publishes: a protobuf object per run rather than three per publish."""
+    out: list = []
+    run: list = []
+    for item in batch:
+        if type(item) is tuple:
+            run.append(item)
+            continue
+        if run:
+            out.append(pb.QueueCall(publishes=pb.QueueCall.Publishes(packed=pack_publishes(run))))
+            run = []
+        out.append(item)
+    if run:
+        out.append(pb.QueueCall(publishes=pb.QueueCall.Publishes(packed=pack_publishes(run))))
+    return out
 
 
 def piled_up(items: asyncio.Queue, first) -> tuple[list, bool]:

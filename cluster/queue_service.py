@@ -20,7 +20,7 @@ from haremq.node.broker.queue import LOGGED, SAFE, Consumer, Queue
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
-from .codec import message_from_pb, message_to_pb
+from .codec import message_from_pb, message_to_pb, unpack_publishes
 from .queue_link import DISCARD, MOVED, REQUEUE, piled_up
 from .rpc import cluster_pb2 as pb
 
@@ -76,29 +76,22 @@ class LinkChannel:
         kind = call.WhichOneof("call")
         if kind == "batch":
             for one in call.batch.calls:
-                self.handle(one)
+                try:
+                    self.handle(one)
+                except AMQPError as err:    # the calls after it are handled, as if sent apart
+                    self._emit(pb.QueueEvent(error=pb.QueueEvent.Error(code=int(err.code), text=err.text)))
             return
-        queue = self.queue
-        if queue.deleted or self.closed:    # deposed or deleted meanwhile, or the link ended:
-            # nothing more is confirmed here
-            if kind == "publish" and call.publish.seq:
-                self._confirm(call.publish.seq, False)
+        if kind == "publishes":
+            for seq, message in unpack_publishes(call.publishes.packed):
+                self._publish(seq, message)
             return
         if kind == "publish":
-            seq = call.publish.seq
-            message = message_from_pb(call.publish.message)
-            if self.mirroring is not None and self.mirroring.holds_already(queue, message):
-                # sent again after a failover: the promoted mirror had it already
-                if seq:
-                    self.mirroring.confirm_held(queue, lambda ok, s=seq: self._durable(ok, s))
-                return
-            outcome = queue.publish(message)
-            if seq:
-                if outcome == LOGGED:
-                    queue.when_safe(self._durable, seq)
-                else:
-                    self._confirm(seq, outcome == SAFE)
-        elif kind == "get":
+            self._publish(call.publish.seq, message_from_pb(call.publish.message))
+            return
+        queue = self.queue
+        if queue.deleted or self.closed:    # deposed or deleted meanwhile, or the link ended
+            return
+        if kind == "get":
             entry = queue.take(call.get.no_ack)
             if entry is None:
                 self._emit(pb.QueueEvent(empty=pb.QueueEvent.Empty()))
@@ -128,6 +121,24 @@ class LinkChannel:
                 queue.remove_consumer(consumer)
         elif kind == "settle":
             self._settle(call.settle.ids, call.settle.mode)
+
+    def _publish(self, seq: int, message) -> None:
+        queue = self.queue
+        if queue.deleted or self.closed:    # deposed or deleted meanwhile, or the link ended:
+            if seq:                         # nothing more is confirmed here
+                self._confirm(seq, False)
+            return
+        if self.mirroring is not None and self.mirroring.holds_already(queue, message):
+            # sent again after a failover: the promoted mirror had it already
+            if seq:
+                self.mirroring.confirm_held(queue, lambda ok, s=seq: self._durable(ok, s))
+            return
+        outcome = queue.publish(message)
+        if seq:
+            if outcome == LOGGED:
+                queue.when_safe(self._durable, seq)
+            else:
+                self._confirm(seq, outcome == SAFE)
 
     def _settle(self, ids, mode: int) -> None:
         entries = []

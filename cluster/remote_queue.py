@@ -21,7 +21,6 @@ from haremq.node.broker.message import Message
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
-from .codec import message_to_pb
 from .queue_link import ACK, DISCARD, REQUEUE, QueueLink, RemoteEntry
 from .remote_failover import PARK_TIMEOUT, TICK, Act, FailoverWatch
 from .rpc import cluster_pb2 as pb
@@ -229,7 +228,7 @@ class RemoteQueue:
             if not message.publish_id:      # so that a new master knows it if it is sent again
                 message.publish_id = random.getrandbits(63) or 1
             link.unconfirmed[seq] = message
-        link.send(pb.QueueCall(publish=pb.QueueCall.Publish(seq=seq, message=message_to_pb(message))))
+        link.send_publish(seq, message)
 
     # ---- publishes held across a failover (CONF-4/5, MIR-4) -----------------------------------
     def failing_over(self) -> None:

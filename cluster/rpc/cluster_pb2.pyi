@@ -161,7 +161,7 @@ class Message(_message.Message):
     def __init__(self, exchange: _Optional[str] = ..., routing_key: _Optional[str] = ..., properties: _Optional[bytes] = ..., body: _Optional[bytes] = ..., publish_id: _Optional[int] = ...) -> None: ...
 
 class QueueCall(_message.Message):
-    __slots__ = ("open", "publish", "get", "consume", "cancel", "settle", "prefetch", "batch")
+    __slots__ = ("open", "publish", "get", "consume", "cancel", "settle", "prefetch", "batch", "publishes")
     class Batch(_message.Message):
         __slots__ = ("calls",)
         CALLS_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,11 @@ class QueueCall(_message.Message):
         seq: int
         message: Message
         def __init__(self, seq: _Optional[int] = ..., message: _Optional[_Union[Message, _Mapping]] = ...) -> None: ...
+    class Publishes(_message.Message):
+        __slots__ = ("packed",)
+        PACKED_FIELD_NUMBER: _ClassVar[int]
+        packed: bytes
+        def __init__(self, packed: _Optional[bytes] = ...) -> None: ...
     class Get(_message.Message):
         __slots__ = ("no_ack",)
         NO_ACK_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +235,7 @@ class QueueCall(_message.Message):
     SETTLE_FIELD_NUMBER: _ClassVar[int]
     PREFETCH_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHES_FIELD_NUMBER: _ClassVar[int]
     open: QueueCall.Open
     publish: QueueCall.Publish
     get: QueueCall.Get
@@ -238,7 +244,8 @@ class QueueCall(_message.Message):
     settle: QueueCall.Settle
     prefetch: QueueCall.Prefetch
     batch: QueueCall.Batch
-    def __init__(self, open: _Optional[_Union[QueueCall.Open, _Mapping]] = ..., publish: _Optional[_Union[QueueCall.Publish, _Mapping]] = ..., get: _Optional[_Union[QueueCall.Get, _Mapping]] = ..., consume: _Optional[_Union[QueueCall.Consume, _Mapping]] = ..., cancel: _Optional[_Union[QueueCall.Cancel, _Mapping]] = ..., settle: _Optional[_Union[QueueCall.Settle, _Mapping]] = ..., prefetch: _Optional[_Union[QueueCall.Prefetch, _Mapping]] = ..., batch: _Optional[_Union[QueueCall.Batch, _Mapping]] = ...) -> None: ...
+    publishes: QueueCall.Publishes
+    def __init__(self, open: _Optional[_Union[QueueCall.Open, _Mapping]] = ..., publish: _Optional[_Union[QueueCall.Publish, _Mapping]] = ..., get: _Optional[_Union[QueueCall.Get, _Mapping]] = ..., consume: _Optional[_Union[QueueCall.Consume, _Mapping]] = ..., cancel: _Optional[_Union[QueueCall.Cancel, _Mapping]] = ..., settle: _Optional[_Union[QueueCall.Settle, _Mapping]] = ..., prefetch: _Optional[_Union[QueueCall.Prefetch, _Mapping]] = ..., batch: _Optional[_Union[QueueCall.Batch, _Mapping]] = ..., publishes: _Optional[_Union[QueueCall.Publishes, _Mapping]] = ...) -> None: ...
 
 class QueueEvent(_message.Message):
     __slots__ = ("opened", "confirm", "delivery", "empty", "cancelled", "error", "consume_ok", "batch")
