@@ -8,6 +8,7 @@ on (persistence, priority, expiration) is read back from them on arrival.
 from __future__ import annotations
 
 import struct
+from typing import Iterable
 
 from haremq.node.broker.expiry import expiration_ms
 from haremq.node.broker.message import Message
@@ -16,7 +17,7 @@ from haremq.node.protocol.properties import property_view
 from .rpc import cluster_pb2 as pb
 
 
-def message_from_pb(m) -> Message:
+def message_from_pb(m: pb.Message) -> Message:
     return message_from_parts(m.exchange, m.routing_key, m.properties, m.body, m.publish_id)
 
 
@@ -33,7 +34,7 @@ def message_from_parts(exchange: str, routing_key: str, properties: bytes, body:
 PUBLISH_HEAD = struct.Struct("<QQBBII")
 
 
-def pack_publishes(items) -> bytes:
+def pack_publishes(items: Iterable[tuple[int, Message]]) -> bytes:
     """[(seq, Message)] as one QueueCall.Publishes payload."""
     parts: list[bytes] = []
     head = PUBLISH_HEAD.pack

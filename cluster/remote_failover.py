@@ -48,7 +48,7 @@ class FailoverWatch:
     failing_since: float = 0.0
     held_since: float | None = None           # when the oldest publish still held began to wait
     deadlines: dict[int, float] = field(default_factory=dict)    # parked call -> when it gives up
-    _tokens: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _tokens: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # ---- what the queue saw ------------------------------------------------------------------
     def broke(self, now: float) -> bool:
