@@ -75,8 +75,9 @@ class ClusterSide(Protocol):
 
 class Node:
     def __init__(self, config: NodeConfig, cluster_side: Callable[["Node"], ClusterSide] | None = None):
-        """cluster_side(node) builds the node's cluster side once its broker and AMQP listener
-        exist; a node with a cluster port needs it (node/cli.py's `cluster_side`)."""
+        """cluster_side(node) builds the node's cluster side once its broker and AMQP server
+        exist, before the management and AMQP listeners open; a node with a cluster port needs
+        it (node/cli.py's `cluster_side`)."""
         self.config = config
         self._cluster_side = cluster_side
         self.log = structlog.get_logger("haremq.node").bind(node=config.name)

@@ -40,7 +40,7 @@ class Member:
 
     @property
     def state(self) -> str:
-        """"paused", "up" or "down", as the timeline words it."""
+        """As the timeline words it: paused, up or down."""
         return "paused" if self.paused else ("up" if self.up else "down")
 
 
