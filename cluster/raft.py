@@ -73,6 +73,8 @@ PROPOSE_TIMEOUT = 10.0
 APPEND_TIMEOUT = 1.0
 SNAPSHOT_TIMEOUT = 60.0     # an InstallSnapshot call: the transfer, a write and fsync, loading it
 SNAPSHOT_ENTRIES = int(os.environ.get("HAREMQ_RAFT_SNAPSHOT_ENTRIES", "10000"))
+STOP_SNAPSHOT_MIN = 1000     # a clean stop snapshots if at least this many entries came after the last one
+STOP_SNAPSHOT_TIMEOUT = 30.0
 MEMBERSHIP_CHANGES = frozenset({MemberAdd.op, MemberForget.op})   # one at a time (raft_machine.py)
 
 
@@ -126,7 +128,24 @@ class Raft:
         self._tasks.spawn(self._run())
 
     async def stop(self) -> None:
+        await self._snapshot_at_stop()
         await self._tasks.close()
+
+    async def _snapshot_at_stop(self) -> None:
+        """A clean stop leaves a snapshot of the state as it is (if more than a few entries came
+        after the last one), so the next start loads it and replays next to nothing; after a
+        crash a start replays the tail, at most about as many entries as the state has records."""
+        if self.state_machine is None or self.failed is not None:
+            return
+        if self._snapshotting is not None:
+            await asyncio.gather(self._snapshotting, return_exceptions=True)
+        if self.last_applied - self.storage.snapshot_index < min(STOP_SNAPSHOT_MIN, self.snapshot_every):
+            return
+        task = self._start_snapshot()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), STOP_SNAPSHOT_TIMEOUT)
+        except asyncio.TimeoutError:
+            pass     # stopping regardless: the log has it all
 
     async def _load_snapshot(self) -> None:
         """At start: the state machine loads the snapshot on disk, if any; the log after it
@@ -339,10 +358,16 @@ class Raft:
         if self.last_applied - self.storage.snapshot_index < max(self.snapshot_every, self._snapshot_records) \
                 or self.last_applied < self._snapshot_after:
             return
+        self._start_snapshot()
+
+    def _start_snapshot(self) -> asyncio.Task:
+        """Capture the state at last_applied (on the loop, between two entries applied) and write
+        it and cut the log in the background."""
         index = self.last_applied
         term = self.storage.term_at(index)
         encode, records = self.state_machine.snapshot()
         self._snapshotting = self._tasks.spawn(self._snapshot(index, term, encode, records))
+        return self._snapshotting
 
     async def _snapshot(self, index: int, term: int, encode, records: int) -> None:
         started = time.monotonic()

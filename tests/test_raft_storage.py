@@ -299,6 +299,86 @@ def test_a_leaders_snapshot_empties_the_log_and_a_crash_before_that_drops_a_stal
     assert (stale.snapshot_index, stale.last_index, stale.entries) == (6, 6, [])
 
 
+# ---- the shell's compaction: a cluster of one, in-process ---------------------------------------------------
+class Counter:
+    """A state machine that keeps the ops it applied (its snapshot is that list)."""
+
+    def __init__(self):
+        self.ops: list[str] = []
+        self.restored: list[int] = []
+
+    def apply(self, index, command):
+        self.ops.append(json.loads(command)["op"])
+
+    def snapshot(self):
+        ops = list(self.ops)
+        return (lambda: json.dumps({"ops": ops, "records": 0}).encode()), len(ops)
+
+    def restore(self, index, state):
+        self.restored.append(index)
+        self.ops = list(state["ops"])
+
+
+async def solo(directory, machine: Counter, every: int) -> Raft:
+    raft = Raft("hare1", Members("hare1", []), RaftStorage(directory), machine.apply, machine)
+    raft.snapshot_every = every
+    await raft.start()
+    return raft
+
+
+def test_the_shell_snapshots_in_the_background_and_a_restart_replays_only_the_tail(tmp_path):
+    directory = tmp_path / "raft"
+
+    async def first():
+        machine = Counter()
+        raft = await solo(directory, machine, every=100)
+        for i in range(350):
+            await raft.propose({"op": f"set{i}"})
+        while raft._snapshotting is not None:
+            await asyncio.sleep(0.01)
+        taken = raft.snapshots_taken
+        raft.snapshot_every = 10_000      # no stop snapshot either (fewer entries than it asks for)
+        await raft.stop()
+        return machine.ops, taken
+
+    ops, taken = asyncio.run(first())
+    # at 100 entries, then once as many entries as the last snapshot held records (100 -> 200):
+    # the next waits for 400, so that a snapshot costs O(1) per entry however large the state
+    assert ops == ["noop", *(f"set{i}" for i in range(350))] and taken == 2
+    storage = RaftStorage(directory)
+    assert storage.snapshot_index == 200 and len(storage.entries) == 151
+    assert len((directory / "log.jsonl").read_text().splitlines()) == len(storage.entries)
+
+    async def again():
+        machine = Counter()
+        raft = await solo(directory, machine, every=10_000)
+        await raft.propose({"op": "after"})
+        await raft.stop()
+        return machine
+
+    machine = asyncio.run(again())
+    assert machine.restored == [storage.snapshot_index]
+    assert machine.ops == [*ops, "noop", "after"]        # the snapshot, the tail, then what came next
+
+
+def test_a_clean_stop_leaves_a_snapshot_so_the_next_start_replays_nothing(tmp_path):
+    directory = tmp_path / "raft"
+
+    async def run():
+        machine = Counter()
+        raft = await solo(directory, machine, every=10_000)
+        for i in range(1_100):
+            await raft.propose({"op": f"set{i}"})
+        assert raft.snapshots_taken == 0
+        await raft.stop()
+        return raft.last_applied
+
+    last = asyncio.run(run())
+    storage = RaftStorage(directory)
+    assert storage.snapshot_index == last and storage.entries == []
+    assert json.loads(storage.snapshot_body)["ops"][-1] == "set1099"
+
+
 # ---- the node ------------------------------------------------------------------------------------------
 @pytest.mark.skipif(IS_REF, reason="starts and breaks a node process")
 def test_a_node_whose_raft_log_cannot_be_written_stops_with_status_1(tmp_path):
