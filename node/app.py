@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -144,7 +145,8 @@ class Node:
                 raise NodeError(str(exc)) from None
         self.log.info("node started", amqp=f"{self.config.bind}:{self.amqp.port}",
                       amqps=f"{self.config.bind}:{self.amqp.tls_port}" if self.amqp.tls_port else None,
-                      data_dir=str(self.config.data_dir), pid=os.getpid())
+                      data_dir=str(self.config.data_dir), pid=os.getpid(),
+                      open_files=resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
     async def _start_management(self, view: ClusterView) -> None:
         """The management HTTP API and web view, and Prometheus metrics (node/management/),

@@ -104,21 +104,18 @@ async def _run_node(config: NodeConfig) -> None:
 
 def raise_fd_limit() -> tuple[int, int]:
     """Every AMQP connection, cluster link and store file is a file descriptor: the soft limit
-    (often 1,024) goes up to the hard one at start, as RabbitMQ asks of `ulimit -n`. Logged
-    either way; (soft, hard) as they are now."""
+    (often 1,024) goes up to the hard one at start, as RabbitMQ asks of `ulimit -n`; (soft, hard)
+    as they are now. Silent: the node's start line reports the limit it got (`open_files`), and
+    a node refusing its settings says only why."""
     import resource
-    log = structlog.get_logger("haremq.node")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else 1 << 20
     if soft != resource.RLIM_INFINITY and soft < target:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError) as exc:
-            log.warning("file descriptor limit not raised", soft=soft, hard=hard, error=str(exc))
+        except (ValueError, OSError):
             return soft, hard
-        log.info("file descriptor limit raised", soft=target, hard=hard, was=soft)
         return target, hard
-    log.info("file descriptor limit", soft=soft, hard=hard)
     return soft, hard
 
 

@@ -122,7 +122,8 @@ def test_the_local_dev_cluster_still_starts(tmp_path):
     random secret (~/.haremq/cluster-secret, made on first use), no TLS, and no warning about it."""
     import random
     import signal
-    base = random.Random().randrange(30000, 39000, 10)
+    # below the kernel's ephemeral range (32768 up): a client socket elsewhere cannot hold these
+    base = random.Random().randrange(20000, 27000, 10)
     proc = subprocess.Popen([sys.executable, "-m", "haremq.node.cli", "cluster", "up", "--nodes", "3",
                              "--amqp-port", str(base), "--cluster-port", str(base + 5000),
                              "--management-port", "0", "--prometheus-port", "0", "--data-dir", str(tmp_path / "d")],

@@ -40,6 +40,7 @@ def test_a_node_raises_its_open_files_soft_limit_to_the_hard_one(tmp_path):
     node = LowLimitNode("hare-fds", tmp_path).start()
     try:
         assert open_files(node.proc.pid) == (hard, hard)
-        assert "file descriptor limit raised" in node.log_path.read_text()
+        started = next(line for line in node.log_path.read_text().splitlines() if "node started" in line)
+        assert f"open_files={hard}" in started
     finally:
         node.stop()
