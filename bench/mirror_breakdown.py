@@ -56,27 +56,35 @@ def install_marks(out_path: str) -> None:
     from haremq.node.store.store import MessageStore
     from haremq.node.store.writer import SegmentWriter
 
-    marks: dict[str, list[int]] = {}
-
-    def mark(name):
-        return lambda: marks.setdefault(name, []).append(now())
-
+    mark = recorder(out_path)
     wrap(AMQPProtocol, "data_received", before=mark("arrived"))
     wrap(Replicator, "enqueue", after=mark("logged"))
     wrap(Replicator, "ops_after", before=mark("to stream"))
     wrap(Replicator, "release", before=mark("ack in"))
-    take_output = Session.take_output
+    mark_output(Session, mark("confirm out"))
+    wrap(MirrorQueue, "apply", before=mark("applied"))
+    wrap(SegmentWriter, "_apply", before=mark("sync start"), after=mark("sync end"))
+    wrap(MessageStore, "_batch_done", after=mark("acked"))
+
+
+def recorder(out_path: str):
+    """mark(name) -> a function that records the time under name; all of them are written to
+    out_path as {name: [ns, ...]} when the process ends."""
+    marks: dict[str, list[int]] = {}
+    atexit.register(lambda: Path(out_path).write_text(json.dumps(marks)))
+    return lambda name: lambda: marks.setdefault(name, []).append(now())
+
+
+def mark_output(session_class, record) -> None:
+    """record() each time a session hands bytes to its socket."""
+    take_output = session_class.take_output
 
     def take_output_marked(self, retry):
         data = take_output(self, retry)
         if data:
-            mark("confirm out")()
+            record()
         return data
-    Session.take_output = take_output_marked
-    wrap(MirrorQueue, "apply", before=mark("applied"))
-    wrap(SegmentWriter, "_apply", before=mark("sync start"), after=mark("sync end"))
-    wrap(MessageStore, "_batch_done", after=mark("acked"))
-    atexit.register(lambda: Path(out_path).write_text(json.dumps(marks)))
+    session_class.take_output = take_output_marked
 
 
 def node_main(out_path: str, argv: list[str]) -> int:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import json
 import statistics
 import subprocess
@@ -41,9 +40,9 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from .confirm_breakdown import CLIENT, now, wrap
+from .confirm_breakdown import CLIENT, wrap
 from .failover import mirror_ha_queues, three_members, wait_for, _all_open, _synced
-from .mirror_breakdown import MarkedMember, after, _declared
+from .mirror_breakdown import MarkedMember, _declared, after, mark_output, recorder
 
 QUEUE = "ha.scale"        # bench/failover's queue: its policy (^ha\.) mirrors it on all three, `roles` reads it
 
@@ -108,27 +107,15 @@ def install_marks(out_path: str) -> None:
     from haremq.node.broker.session import Session
     from haremq.node.server import AMQPProtocol
 
-    marks: dict[str, list[int]] = {}
-
-    def mark(name):
-        return lambda: marks.setdefault(name, []).append(now())
-
+    mark = recorder(out_path)
     wrap(AMQPProtocol, "data_received", before=mark("arrived"))
-    wrap(QueueLink, "send", before=mark("to link"))
+    wrap(QueueLink, "send_publish", before=mark("to link"))
     wrap(QueueLink, "_event", before=mark("event in"))
     wrap(LinkChannel, "handle", before=mark("link in"))
     wrap(LinkChannel, "_confirm", before=mark("confirm"))
     wrap(LinkChannel, "deliver", before=mark("deliver"))
     wrap(Replicator, "enqueue", after=mark("logged"))
-    take_output = Session.take_output
-
-    def take_output_marked(self, retry):
-        data = take_output(self, retry)
-        if data:
-            mark("out")()
-        return data
-    Session.take_output = take_output_marked
-    atexit.register(lambda: Path(out_path).write_text(json.dumps(marks)))
+    mark_output(Session, mark("out"))
 
 
 def node_main(out_path: str, argv: list[str]) -> int:
