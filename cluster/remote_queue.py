@@ -21,6 +21,7 @@ from haremq.node.broker.message import Message
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
+from .node_itself import NODE_ITSELF
 from .queue_link import ACK, DISCARD, REQUEUE, QueueLink, RemoteEntry
 from .remote_failover import PARK_TIMEOUT, TICK, Act, FailoverWatch
 from .rpc import cluster_pb2 as pb
@@ -64,53 +65,6 @@ def hand_over(consumers, attach) -> None:
         except AMQPError:
             channel.consumer_cancelled_by_broker(consumer)
         channel.session.wakeup()
-
-
-class _NodeItself:
-    """The node as a publisher of its own (dead-lettering into a queue homed elsewhere):
-    a channel with no client, no confirms and nothing to deliver to."""
-
-    id = 0
-    key = ""
-    closed = False
-    confirms = None
-
-    @property
-    def session(self):
-        return self
-
-    def note_confirms(self, _channel) -> None:
-        return None
-
-    def remote_settled(self, _seqs, _ok) -> None:
-        return None
-
-    def publish_settled(self, _ok, _seq) -> None:
-        return None
-
-    def linked_to(self, _queue) -> None:
-        return None
-
-    def fail_channel(self, _channel_id, _err) -> None:
-        return None
-
-    def wakeup(self) -> None:
-        return None
-
-    def deliver_from_home(self, _consumer, _entry) -> None:
-        return None
-
-    def republish(self, queue, message, _seq) -> None:
-        queue.publish(message)
-
-    def get_again(self, _name, _no_ack) -> None:
-        return None      # it publishes only: no basic.get waits for a failover
-
-    def consumer_cancelled_by_broker(self, _consumer) -> None:
-        return None
-
-
-NODE_ITSELF = _NodeItself()
 
 
 class RemoteQueue:

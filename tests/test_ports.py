@@ -11,7 +11,8 @@ import pytest
 from haremq.cluster.control_client import ControlClient
 from haremq.cluster.node import ClusterNode
 from haremq.cluster.queue_service import LinkChannel
-from haremq.cluster.remote_queue import RemoteQueue, _NodeItself
+from haremq.cluster.node_itself import NodeItself
+from haremq.cluster.remote_queue import RemoteQueue
 from haremq.node.broker.channel import Channel
 from haremq.node.broker.metadata import LocalMetadata
 from haremq.node.broker.ports import ConsumerChannel, MetadataPort, QueuePort, RemoteCaller
@@ -23,7 +24,7 @@ IMPLEMENTATIONS: list[tuple[type, type]] = [
     (MetadataPort, ClusterNode), (MetadataPort, LocalMetadata),
     (QueuePort, Queue), (QueuePort, RemoteQueue),
     (ConsumerChannel, Channel), (ConsumerChannel, LinkChannel),
-    (RemoteCaller, Channel), (RemoteCaller, _NodeItself),
+    (RemoteCaller, Channel), (RemoteCaller, NodeItself),
     (ClusterSide, ClusterNode), (ControlPort, ControlClient),
 ]
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     # Not run: mypy (`make lint`) reads it, and each assignment fails unless the class has every
     # member of its port with types that fit.
     def _each_is_its_port(cluster_node: ClusterNode, local: LocalMetadata, queue: Queue, remote: RemoteQueue,
-                          channel: Channel, link: LinkChannel, itself: _NodeItself) -> None:
+                          channel: Channel, link: LinkChannel, itself: NodeItself) -> None:
         metadata: list[MetadataPort] = [cluster_node, local]
         queues: list[QueuePort] = [queue, remote]
         consumer_channels: list[ConsumerChannel] = [channel, link]
