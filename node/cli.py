@@ -68,9 +68,9 @@ def _peers(values: dict) -> dict[str, str]:
 
 
 def cluster_side(node: Node) -> ClusterSide:
-    """A clustered node's cluster side (cluster/node.py), built once its broker and AMQP
-    listener exist: it takes the queues the store recovered, and stops the node when the
-    cluster forgets it."""
+    """A clustered node's cluster side (cluster/node.py), built once its broker exists and
+    before its listeners open (management reads the cluster through its view): it takes the
+    queues the store recovered, and stops the node when the cluster forgets it."""
     from haremq.cluster.node import ClusterConfig, ClusterNode
     from haremq.cluster.raft_storage import RaftStorageError
     config = node.config
