@@ -464,7 +464,7 @@ async def settle(pid: int | None, quiet: float = 1.0, timeout: float = 60) -> No
         before = now
 
 
-async def wait_ready(url: str, queue: str | None, timeout: float = 600) -> float:
+async def wait_ready(url: str, queue: str | None, timeout: float = 1200) -> float:
     """Seconds until a client connects (and finds `queue`, if given)."""
     began = time.monotonic()
     while time.monotonic() - began < timeout:
@@ -481,9 +481,10 @@ async def wait_ready(url: str, queue: str | None, timeout: float = 600) -> float
     raise RuntimeError(f"not ready after {timeout} s")
 
 
-async def run_broker(node, args) -> dict:
+async def run_broker(node, args, out: dict) -> dict:
+    """Every phase on one broker; `out` fills as they end (a failure keeps what came before)."""
     url = f"amqp://guest:guest@127.0.0.1:{node.port}/%2F"
-    out: dict = {"broker": node.version()}
+    out["broker"] = node.version()
     names = [f"meta.{i:06d}" for i in range(args.queues)]
     began = time.monotonic()
     node.launch()          # a cluster's launch waits for its members and joins them
@@ -679,11 +680,12 @@ async def main_async(args) -> dict:
             else:
                 node = HareNode(work, args.nofile) if label == "haremq" else \
                     RabbitNode(work, args.rabbit_port, args.nofile)
+            results[node.label] = out = {}
             try:
-                results[node.label] = await run_broker(node, args)
+                await run_broker(node, args, out)
             except Exception as exc:  # noqa: BLE001   one broker's failure is reported, not fatal
                 log(f"{node.label}: {type(exc).__name__}: {exc}")
-                results[node.label] = {"error": f"{type(exc).__name__}: {exc}"}
+                out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
