@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 ACK, REQUEUE, DISCARD = 0, 1, 2      # QueueCall.Settle modes
 MOVED = 0       # QueueEvent.Error code: the queue's master is elsewhere now (a failover)
 MAX_BATCH = 1000      # calls (or events) sent as one message on a link's stream, at most
+BATCH_BYTES = 4 << 20  # message bodies in one message on a link's stream: no more are added past it
 
 
 class RemoteEntry(Entry):
@@ -76,7 +77,7 @@ class QueueLink:
             call = await calls.get()
             if call is None:
                 return
-            batch, ended = piled_up(calls, call)
+            batch, ended = piled_up(calls, call, publish_weight)
             batch = with_publishes_packed(batch)
             yield batch[0] if len(batch) == 1 else pb.QueueCall(batch=pb.QueueCall.Batch(calls=batch))
             if ended:
@@ -247,13 +248,26 @@ def with_publishes_packed(batch: list) -> list:
     return out
 
 
-def piled_up(items: asyncio.Queue, first) -> tuple[list, bool]:
-    """`first` and whatever else already waits in `items` (MAX_BATCH at most), to go as one
-    message on a link's stream; True if the stream's end (None) was among them."""
+def piled_up(items: asyncio.Queue, first, weight: Callable[[Any], int]) -> tuple[list, bool]:
+    """`first` and whatever else already waits in `items`, to go as one message on a link's
+    stream: MAX_BATCH at most, and no more once their bodies (`weight`) reach BATCH_BYTES (a
+    heavier one goes alone); True if the stream's end (None) was among them."""
     batch = [first]
-    while not items.empty() and len(batch) < MAX_BATCH:
+    size = weight(first)
+    while not items.empty() and len(batch) < MAX_BATCH and size < BATCH_BYTES:
         item = items.get_nowait()
         if item is None:
             return batch, True
         batch.append(item)
+        size += weight(item)
     return batch, False
+
+
+def publish_weight(call) -> int:
+    """A call's body bytes: a publish waits as (seq, message)."""
+    return len(call[1].body) if type(call) is tuple else 0
+
+
+def event_weight(event) -> int:
+    """An event's body bytes: a delivery's."""
+    return len(event.delivery.message.body) if event is not None and event.HasField("delivery") else 0

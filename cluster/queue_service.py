@@ -21,7 +21,7 @@ from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
 from .codec import message_from_pb, message_to_pb, unpack_publishes
-from .queue_link import DISCARD, MOVED, REQUEUE, piled_up
+from .queue_link import DISCARD, MOVED, REQUEUE, event_weight, piled_up
 from .rpc import cluster_pb2 as pb
 
 MAX_PENDING_EVENTS = 2000
@@ -273,7 +273,7 @@ async def serve_link(broker, request_iterator, context, links: Links | None = No
             event = await events.get()
             if event is None:
                 break
-            batch, ended = piled_up(events, event)      # what piled up meanwhile goes as one message
+            batch, ended = piled_up(events, event, event_weight)   # what piled up meanwhile: one message
             yield batch[0] if len(batch) == 1 else pb.QueueEvent(batch=pb.QueueEvent.Batch(events=batch))
             if ended:
                 break

@@ -47,3 +47,35 @@ def test_runs_of_publishes_keep_their_place_among_other_calls():
               for c in calls if c.WhichOneof("call") == "publishes"]
     assert bodies == [[b"1", b"2"], [b"3"], [b"4", b"5"]]
     assert with_publishes_packed([settle, get]) == [settle, get]
+
+
+def test_a_batch_stops_growing_at_its_byte_budget():
+    """Many large bodies piled up go in several messages, not one past gRPC's limit."""
+    import asyncio
+
+    from haremq.cluster.queue_link import BATCH_BYTES, piled_up, publish_weight
+
+    big = BATCH_BYTES // 3 + 1
+    items: asyncio.Queue = asyncio.Queue()
+    for n in range(2, 8):
+        items.put_nowait((n, _message("", "q", b"x" * big)))
+    items.put_nowait(None)
+    first = (1, _message("", "q", b"x" * big))
+    batches = []
+    batch, ended = piled_up(items, first, publish_weight)
+    batches.append([seq for seq, _m in batch])
+    while not ended:
+        batch, ended = piled_up(items, items.get_nowait(), publish_weight)
+        batches.append([seq for seq, _m in batch if seq])
+    assert batches == [[1, 2, 3], [4, 5, 6], [7]]
+
+
+def test_a_body_heavier_than_the_budget_goes_alone():
+    import asyncio
+
+    from haremq.cluster.queue_link import BATCH_BYTES, piled_up, publish_weight
+
+    items: asyncio.Queue = asyncio.Queue()
+    items.put_nowait((2, _message("", "q", b"small")))
+    batch, ended = piled_up(items, (1, _message("", "q", b"x" * (BATCH_BYTES + 1))), publish_weight)
+    assert [seq for seq, _m in batch] == [1] and not ended and items.qsize() == 1
