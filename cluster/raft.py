@@ -102,6 +102,7 @@ class Raft:
         self._snapshot_records = 0         # the last snapshot's size: the next waits for as many entries
         self._snapshotting: asyncio.Task | None = None
         self._snapshot_after = 0           # a snapshot failed: none before this index is applied
+        self._snapshot_index = storage.snapshot_index    # the last snapshot's (the log may start before it)
         self.snapshots_taken = 0
         self.log = structlog.get_logger("haremq.raft").bind(node=name)
         self.machine = RaftMachine(name, membership, storage, self.log, time.monotonic())
@@ -139,7 +140,7 @@ class Raft:
             return
         if self._snapshotting is not None:
             await asyncio.gather(self._snapshotting, return_exceptions=True)
-        if self.last_applied - self.storage.snapshot_index < min(STOP_SNAPSHOT_MIN, self.snapshot_every):
+        if self.last_applied - self._snapshot_index < min(STOP_SNAPSHOT_MIN, self.snapshot_every):
             return
         task = self._start_snapshot()
         try:
@@ -331,7 +332,7 @@ class Raft:
         serving clients cannot (SnapshotRefused): it stops, and loads it when started again."""
         _index, _term, body = snapshot_header(snapshot.data)
         state = await asyncio.to_thread(json.loads, body)
-        self.last_applied = snapshot.last_index
+        self.last_applied = self._snapshot_index = snapshot.last_index
         self._snapshot_records = _records(state)
         if self.state_machine is None:
             return
@@ -355,7 +356,7 @@ class Raft:
         last_applied), and write it and cut the log in the background."""
         if self.state_machine is None or self._snapshotting is not None:
             return
-        if self.last_applied - self.storage.snapshot_index < max(self.snapshot_every, self._snapshot_records) \
+        if self.last_applied - self._snapshot_index < max(self.snapshot_every, self._snapshot_records) \
                 or self.last_applied < self._snapshot_after:
             return
         self._start_snapshot()
@@ -377,9 +378,12 @@ class Raft:
             async with self._io:
                 if self.failed is not None:
                     return
-                kept = await asyncio.to_thread(self.storage.commit_snapshot, tmp, index)
+                keep = self.snapshot_every // 2
+                cut = self.machine.compaction_point(index, keep, 4 * self.snapshot_every)
+                kept = await asyncio.to_thread(self.storage.commit_snapshot, tmp, index, cut)
                 if kept:
-                    self.machine.compact(index, term)
+                    self.machine.compact(cut, self.storage.term_at(cut))
+                    self._snapshot_index = index
                     self._snapshot_records = records
                     self.snapshots_taken += 1
             if kept:

@@ -454,6 +454,18 @@ class RaftMachine:
         self._ready.snapshot = request
         return self._append_reply(probe, True, index)
 
+    def compaction_point(self, index: int, keep: int, most: int) -> int:
+        """Where the log may be cut once a snapshot at `index` is written: `keep` entries before
+        it stay, for members a little behind (with fewer they would need the snapshot, and one
+        serving clients cannot load it), and as the leader also what a follower that is up still
+        needs (its match index), but never more than `most` entries before it."""
+        cut = index - keep
+        if self.role == "leader":
+            for peer, progress in self.progress.items():
+                if peer in self.members.peers and self.members.is_up(peer):
+                    cut = min(cut, progress.match_index)
+        return min(index, max(self.persistent.snapshot_index, cut, index - most))
+
     def compact(self, index: int, term: int) -> None:
         """The shell made a snapshot of the state after entry `index` (applied, so committed)
         durable, and cut the log file before it: the entries up to it are forgotten here too."""

@@ -206,10 +206,13 @@ class RaftStorage(PersistentState):
         write_synced(tmp, blob)
         return tmp, len(blob)
 
-    def commit_snapshot(self, tmp: Path, index: int) -> bool:
-        """Put a prepared snapshot in place and cut the log before it (under the shell's write
-        lock: no append runs meanwhile, so the file holds exactly what was written). False if
-        a snapshot as new is in place already (one the leader sent): this one is dropped."""
+    def commit_snapshot(self, tmp: Path, index: int, cut: int | None = None) -> bool:
+        """Put a prepared snapshot in place and cut the log up to `cut` (at most `index`: the
+        entries after `cut` stay, for members a little behind; a restart skips those up to
+        `index`), under the shell's write lock: no append runs meanwhile, so the file holds
+        exactly what was written. False if a snapshot as new is in place already (one the
+        leader sent): this one is dropped."""
+        cut = index if cut is None else min(cut, index)
         if index <= self._on_disk:
             tmp.unlink()
             return False
@@ -221,7 +224,7 @@ class RaftStorage(PersistentState):
             pos = 0
             while pos < len(data):         # the first line after the snapshot (indexes only grow)
                 end = data.find(b"\n", pos)
-                if end < 0 or _line_index(data[pos:end]) > index:
+                if end < 0 or _line_index(data[pos:end]) > cut:
                     break
                 pos = end + 1
             self._replace_log(data[pos:])

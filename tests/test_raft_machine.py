@@ -621,3 +621,17 @@ def test_persistent_state_compaction():
     assert state.snapshot_index == 2
     state.compact(9, 5)                          # a log that does not hold it: dropped whole
     assert state.entries == [] and (state.last_index, state.last_term) == (9, 5)
+
+
+def test_the_log_is_cut_where_followers_that_are_up_still_need_it():
+    # a member slightly behind must get appends, not the snapshot: one serving clients cannot load it
+    m = machine(terms=(1,) * 99, term=1)
+    ready = elect(m, now=2.0)
+    to = {r.to: r for r in ready.messages}
+    m.on_append_reply(to["b"], AppendReply("a", m.term, True, 40), 2.0)
+    m.on_append_reply(to["c"], AppendReply("a", m.term, True, 60), 2.0)
+    assert m.compaction_point(100, keep=10, most=80) == 40        # b still needs 41 on
+    m.progress["b"].match_index = 5
+    assert m.compaction_point(100, keep=10, most=80) == 20        # but the log stays bounded
+    f = machine("b", ("a", "c"), terms=(1,) * 100, term=1)
+    assert f.compaction_point(100, keep=10, most=80) == 90        # a follower keeps `keep`

@@ -347,7 +347,9 @@ def test_the_shell_snapshots_in_the_background_and_a_restart_replays_only_the_ta
     assert ops == ["noop", *(f"set{i}" for i in range(350))] and taken == 2
     storage = RaftStorage(directory)
     assert storage.snapshot_index == 200 and len(storage.entries) == 151
-    assert len((directory / "log.jsonl").read_text().splitlines()) == len(storage.entries)
+    # the file keeps half a threshold before the snapshot too (for members a little behind):
+    # a restart skips them
+    assert len((directory / "log.jsonl").read_text().splitlines()) == 351 - 150
 
     async def again():
         machine = Counter()
