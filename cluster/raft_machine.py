@@ -395,17 +395,24 @@ class RaftMachine:
             self._replicate(now)     # tell the followers now, not at the next heartbeat
 
     # ---- replication: a follower ------------------------------------------------------------------
-    def on_append_request(self, request: AppendRequest, now: float) -> Ready:
-        if request.term < self.term or request.leader not in self.members.peers:
-            return self._append_reply(request, False, 0)
-        if request.term > self.term or self.role != "follower":
-            self._step_down(request.term)
-        if self.leader != request.leader:
-            self.log.info("raft leader is", leader=request.leader, term=request.term)
-        self.leader = request.leader
+    def _follow(self, term: int, leader: str, now: float) -> bool:
+        """A leader spoke (appends or a snapshot): follow it, unless its term is stale or it is
+        not a member (False)."""
+        if term < self.term or leader not in self.members.peers:
+            return False
+        if term > self.term or self.role != "follower":
+            self._step_down(term)
+        if self.leader != leader:
+            self.log.info("raft leader is", leader=leader, term=term)
+        self.leader = leader
         self.leader_heard = now
         self.deadline = self._new_deadline(now)
         self.election = None            # a leader is in charge: our pre-vote, if any, is moot
+        return True
+
+    def on_append_request(self, request: AppendRequest, now: float) -> Ready:
+        if not self._follow(request.term, request.leader, now):
+            return self._append_reply(request, False, 0)
         prev, prev_term, entries = request.prev_log_index, request.prev_log_term, request.entries
         compacted = self.persistent.snapshot_index
         if prev < compacted:
@@ -431,16 +438,8 @@ class RaftMachine:
         the log: it is made durable and handed to the state machine (Ready.snapshot), and the
         entries after it follow as appends."""
         probe = AppendRequest(self.name, request.term, request.leader, 0, 0)
-        if request.term < self.term or request.leader not in self.members.peers:
+        if not self._follow(request.term, request.leader, now):
             return self._append_reply(probe, False, 0)
-        if request.term > self.term or self.role != "follower":
-            self._step_down(request.term)
-        if self.leader != request.leader:
-            self.log.info("raft leader is", leader=request.leader, term=request.term)
-        self.leader = request.leader
-        self.leader_heard = now
-        self.deadline = self._new_deadline(now)
-        self.election = None
         index, term = request.last_index, request.last_term
         if index <= self.commit_index:
             return self._append_reply(probe, True, index)

@@ -18,10 +18,10 @@ import structlog
 from pamqp import encode
 
 from haremq.node.broker.message import Message
+from haremq.node.broker.node_itself import NODE_ITSELF
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
-from .node_itself import NODE_ITSELF
 from .queue_link import ACK, DISCARD, REQUEUE, QueueLink, RemoteEntry
 from .remote_failover import PARK_TIMEOUT, TICK, Act, FailoverWatch
 from .rpc import cluster_pb2 as pb
@@ -139,7 +139,7 @@ class RemoteQueue:
     def link(self, channel) -> QueueLink:
         link = self._links.get(channel)
         if link is None or link.closed:
-            if self.mirrored and self._failing():     # not to a home whose stream just broke
+            if self.mirrored and self.watch.failing:     # not to a home whose stream just broke
                 raise AMQPError(ReplyCode.NOT_FOUND, f"home node of {self.describe()} is down")
             link = self._links[channel] = QueueLink(self, channel)
             channel.linked_to(self)
@@ -166,7 +166,7 @@ class RemoteQueue:
     def publish_from(self, channel, message: Message, seq: int) -> None:
         """Forward a publish. While the home node is down, a mirrored queue's publishes wait for
         the new master (and are confirmed by it); others are nacked (or dropped without confirms)."""
-        if self.mirrored and self._failing():
+        if self.mirrored and self.watch.failing:
             self._hold(channel, [(seq, message)])
             return
         try:
@@ -192,9 +192,6 @@ class RemoteQueue:
             if self.on_home_lost is not None:
                 self.on_home_lost(self.home)
             self._wait()
-
-    def _failing(self) -> bool:
-        return self.watch.failing
 
     def _hold(self, channel, items: list) -> None:
         if not items:
@@ -470,7 +467,7 @@ class RemoteQueue:
 
         peer = self.peers(self.home)
         if peer is None or peer.stub is None or not self.home_up(self.home) or \
-                (self.mirrored and self._failing()):
+                (self.mirrored and self.watch.failing):
             wait_or(down)
             return
         home, epoch = self.home, self.epoch

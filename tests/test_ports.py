@@ -11,7 +11,7 @@ import pytest
 from haremq.cluster.control_client import ControlClient
 from haremq.cluster.node import ClusterNode
 from haremq.cluster.queue_service import LinkChannel
-from haremq.cluster.node_itself import NodeItself
+from haremq.node.broker.node_itself import NodeItself
 from haremq.cluster.remote_queue import RemoteQueue
 from haremq.node.broker.channel import Channel
 from haremq.node.broker.metadata import LocalMetadata

@@ -27,6 +27,7 @@ import structlog
 from ..protocol.properties import decode_properties, encode_properties
 from .expiry import call_later, monotonic
 from .message import Entry, Message
+from .node_itself import NodeItself
 
 AT_MOST_ONCE = "at-most-once"
 AT_LEAST_ONCE = "at-least-once"
@@ -112,17 +113,13 @@ class _Letter:
         self.sent_at = 0.0
 
 
-class DeadLetterWorker:
+class DeadLetterWorker(NodeItself):
     """Forwards one source queue's dead letters at least once (rabbit_fifo_dlx_worker).
 
     It publishes to each target queue as a channel in confirm mode would, so it is the
     RemoteCaller of the queues it publishes to (node/broker/ports.py), local or homed on
     another node; each target's confirm settles that target, and once all have, the source
     queue lets the message go (`Queue.dead_lettered`)."""
-
-    id = 0
-    key = ""
-    confirms = None
 
     def __init__(self, vhost, queue, on_idle: Callable[["DeadLetterWorker"], None]):
         self.vhost = vhost
@@ -216,25 +213,6 @@ class DeadLetterWorker:
 
     def linked_to(self, queue) -> None:
         self.remote_queues.add(queue)
-
-    @property
-    def session(self):
-        return self
-
-    def note_confirms(self, _channel) -> None:
-        return None
-
-    def fail_channel(self, _channel_id, _err) -> None:
-        return None
-
-    def wakeup(self) -> None:
-        return None
-
-    def deliver_from_home(self, _consumer, _entry) -> None:
-        return None
-
-    def consumer_cancelled_by_broker(self, _consumer) -> None:
-        return None
 
     # ---- done, retried, stopped -----------------------------------------------------------------
     def _finish(self, letter: _Letter) -> None:

@@ -18,7 +18,7 @@ each still has every member.
   cluster.queue_service.LinkChannel (another node's client, over gRPC).
 - RemoteCaller: what a queue asks of the channel it works for (a publish
   settled, a link opened, a basic.get asked again). Implemented by Channel and
-  cluster.node_itself.NodeItself (the node dead-lettering on its own
+  node_itself.NodeItself (the node dead-lettering on its own
   behalf).
 
 Attributes a caller only reads are read-only properties here, so that an

@@ -1,9 +1,10 @@
-"""The node as a publisher of its own, to a queue homed elsewhere.
+"""The node as a publisher of its own: the channel behind what it publishes itself.
 
-When the node dead-letters into a queue whose master is on another node, the
-remote queue forwards the message as it forwards a client channel's publish;
-this is the channel it forwards on behalf of (a `RemoteCaller`, as
-`node/broker/ports.py` names it): no client, no confirms, nothing to deliver.
+When the node dead-letters into a queue (one homed on another node included),
+the queue is published to as by a client channel's publish; this is the
+channel it publishes on behalf of (a `RemoteCaller`, as `ports.py` names it):
+no client, no confirms, nothing to deliver. A dead-letter forwarder that wants
+confirms (deadletter.py) is one with those answered.
 """
 from __future__ import annotations
 
