@@ -52,10 +52,8 @@ class AMQPProtocol(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         peer = transport.get_extra_info("peername") or ("?", 0)
-        self.session = Session(self.server.broker, (str(peer[0]), int(peer[1])))
-        self.session.wakeup = self._schedule_flush
-        self.session.write_out = self._write_out
-        self.session.set_reading = self._set_reading
+        self.session = Session(self.server.broker, (str(peer[0]), int(peer[1])), wakeup=self._schedule_flush,
+                               write_out=self._write_out, set_reading=self._set_reading)
         self.server.protocols.add(self)
         self.last_received = self.last_sent = self.loop.time()
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_deadline)

@@ -2,6 +2,8 @@
 and what of them the store keeps across restarts."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import structlog
 
 from ..protocol.replies import AMQPError, ReplyCode
@@ -17,6 +19,9 @@ from .ports import MetadataPort
 from .reply_to import reply_token, token_node
 from .vhost import Persistence, VHost, server_name
 
+if TYPE_CHECKING:
+    from ..alarms import ResourceMonitor
+
 
 class BrokerError(ValueError):
     """A management request that cannot be done, in rabbitmqctl's words."""
@@ -25,7 +30,12 @@ from ..version import __version__ as VERSION  # noqa: E402  (one place: the pack
 
 
 class Broker(Persistence):
-    def __init__(self, node_name: str, store=None):
+    def __init__(self, node_name: str, store=None, metadata: MetadataPort | None = None,
+                 resources: Callable[[Broker], ResourceMonitor] | None = None):
+        """`metadata`: the port its channels propose changes to, a member's cluster side
+        (cluster/node.py) when clustered; a node on its own applies them itself (`LocalMetadata`).
+        `resources` builds the monitor of this node's memory and disk, which sets its alarms
+        (node/alarms.py); without it `haremq ctl` cannot change their limits."""
         self.node_name = node_name
         self.store = store
         self.next_queue_id = 1
@@ -35,13 +45,13 @@ class Broker(Persistence):
         self.sessions: set = set()
         self.sessions_by_key: dict = {}
         self.cluster = None          # cluster.node.ClusterNode when clustered (a queue link asks it for mirroring)
-        self.metadata: MetadataPort = LocalMetadata(self)   # the ClusterNode too, when clustered
+        self.metadata: MetadataPort = metadata if metadata is not None else LocalMetadata(self)
         self._reply_to: dict[str, object] = {}
         self.alarms: set[str] = set()          # this node's own
         self.peer_alarms: dict[str, frozenset] = {}   # other members' own, as they last reported them
         self._blocking = False
-        self.resources = None             # node.alarms.ResourceMonitor, set by the node
         self.log = structlog.get_logger("haremq.broker").bind(node=node_name)
+        self.resources = resources(self) if resources is not None else None
         self.confirming: set = set()   # sessions with confirms to send
         # message counters of channels that have closed (live ones keep their own; see
         # node/management/stats.py): published, delivered, acked, confirmed

@@ -7,6 +7,8 @@ server says when it drains and the session resumes the queues it starved.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from pamqp.commands import Connection as Conn
 
 from ..protocol import events as ev
@@ -20,7 +22,12 @@ OUTPUT_HIGH_WATER = 1 << 20
 
 
 class Session:
-    def __init__(self, broker, peer: tuple[str, int]):
+    def __init__(self, broker, peer: tuple[str, int], *, wakeup: Callable[[], None], write_out: Callable[[], None],
+                 set_reading: Callable[[bool], None], direct: bool = False):
+        """What carries the connection (node/server.py's socket, or management's direct
+        connection) says how: `wakeup` when output waits outside receive_data, `write_out` to
+        write pending output now, `set_reading` to pause (False) or resume (True) reading.
+        A `direct` connection is the node's own and is not listed among client connections."""
         self.broker = broker
         self.peer = peer
         self.conn = AMQPConnection(broker.authenticate, broker.check_vhost, peer[0],
@@ -35,8 +42,9 @@ class Session:
         self.starved = False
         self.closed = False
         self.peer_closing = False     # the client sent connection.close; close-ok once held channels are done
-        self.wakeup = _nothing          # set by the server: output is waiting outside receive_data
-        self.write_out = _nothing       # set by the server: write pending output to the socket now
+        self.wakeup = wakeup
+        self.write_out = write_out
+        self.direct = direct
         self._confirm_channels: set[Channel] = set()
         self._handling: Channel | None = None    # the channel whose frame is being handled now
         self.log = broker.log.bind(peer=f"{peer[0]}:{peer[1]}")
@@ -44,7 +52,7 @@ class Session:
         self.gate_store = None
         self.publisher = False        # has sent a content frame: reading stops while a resource alarm is on
         self.blocked = False          # reading paused by an alarm (ERR-4)
-        self.set_reading = _nothing_bool   # set by the server: pause (False) or resume (True) reading
+        self.set_reading = set_reading
         broker.sessions.add(self)
         self.key = f"{broker.node_name}/{id(self):x}"   # this connection, as the cluster names it
         broker.sessions_by_key[self.key] = self
@@ -317,15 +325,7 @@ class Session:
         self._confirm_channels.clear()
 
 
-def _nothing() -> None:
-    return None
-
-
 def _ignore(*_args) -> None:
-    return None
-
-
-def _nothing_bool(_value: bool) -> None:
     return None
 
 

@@ -60,11 +60,8 @@ class DirectConnection:
     def __init__(self, broker, user: str, password: str, vhost: str, peer: tuple[str, int]):
         self.broker = broker
         self.user, self.password, self.vhost = user, password, vhost
-        self.session = Session(broker, peer)
-        self.session.direct = True           # not listed among client connections
-        self.session.wakeup = self._schedule
-        self.session.write_out = self._drain
-        self.session.set_reading = _ignore
+        self.session = Session(broker, peer, wakeup=self._schedule, write_out=self._drain, set_reading=_ignore,
+                               direct=True)    # not listed among client connections
         self.loop = asyncio.get_running_loop()
         self.frames: dict[int, asyncio.Queue] = defaultdict(asyncio.Queue)
         self._buffer = bytearray()
