@@ -63,9 +63,11 @@ class InProcessNode:
         return self
 
     def call(self, fn, *args, timeout: float = 10.0, **kwargs):
-        """Run fn(*args) on the node's loop and return its result (or raise its exception)."""
+        """Run fn(*args) on the node's loop and return its result (or raise its exception);
+        a coroutine function is awaited there."""
         async def run():
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            return await result if asyncio.iscoroutine(result) else result
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
 
     def stop(self) -> None:

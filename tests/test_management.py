@@ -428,3 +428,31 @@ def test_management_api_over_tls(tmp_path):
             http("GET", node.management_port, "/api/overview", timeout=5)
     finally:
         node.stop()
+
+
+def test_a_sample_of_many_queues_lets_the_node_serve_between_chunks(tmp_path, monkeypatch):
+    """The sampler reads every queue's counters every few seconds; with 100,000 queues that is
+    a long time for the event loop to serve nobody, so it reads them a chunk at a time (here two
+    queues a chunk): work that was waiting runs before the sample ends, and the sample still
+    counts every queue."""
+    import asyncio
+
+    from haremq.node.management import stats
+    from tests.inprocess import InProcessNode
+    monkeypatch.setattr(stats, "SAMPLE_CHUNK", 2)
+    with InProcessNode(tmp_path, management_port=free_port(), prometheus_port=0) as n:
+        for i in range(7):
+            body = {"durable": False}
+            assert http("PUT", n.node.config.management_port, f"/api/queues/%2F/chunked-{i}", body)[0] == 201
+            http("POST", n.node.config.management_port, "/api/exchanges/%2F/amq.default/publish",
+                 {"routing_key": f"chunked-{i}", "payload": "x", "payload_encoding": "string", "properties": {}})
+        sampler = n.broker.sampler
+
+        async def sample_while_waited_on() -> list[str]:
+            order: list[str] = []
+            asyncio.get_running_loop().call_soon(order.append, "served")
+            await sampler.sample()
+            order.append("sampled")
+            return order
+        assert n.call(sample_while_waited_on) == ["served", "sampled"]
+        assert sampler.history[-1]["messages_ready"] == 7

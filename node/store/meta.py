@@ -190,11 +190,14 @@ class MetaState:
     """The metadata as change records, one per key: what a snapshot holds. Applying a record
     costs the same whatever the state holds."""
 
-    def __init__(self):
+    def __init__(self, keep_decoded: bool = False):
         self.next_queue_id = 1
         self.users: bytes | None = None
         self.permissions: bytes | None = None
         self.vhosts: dict[str, _VHost] = {}
+        # While recovering: each record as `apply` decoded it, so that `as_snapshot` (once, at
+        # start) decodes none a second time; dropped then.
+        self._decoded: dict[bytes, dict] | None = {} if keep_decoded else None
 
     def _vhost(self, name: str) -> _VHost:
         vhost = self.vhosts.get(name)
@@ -204,6 +207,8 @@ class MetaState:
 
     def apply(self, raw: bytes) -> None:
         change = json.loads(raw)
+        if self._decoded is not None:
+            self._decoded[raw] = change
         op = change["op"]
         if op == "queue":
             q = change["queue"]
@@ -267,18 +272,24 @@ class MetaState:
 
     def as_snapshot(self) -> dict:
         """The state as the broker restores it (node/broker/broker.py `restore`)."""
+        decoded = self._decoded or {}
+        self._decoded = None
+
+        def read(raw: bytes) -> dict:
+            change = decoded.get(raw)
+            return json.loads(raw) if change is None else change
         vhosts = {}
         for name, vhost in self.vhosts.items():
             vhosts[name] = {
-                "exchanges": [json.loads(raw)["exchange"] for raw in vhost.exchanges.values()],
-                "queues": [json.loads(raw)["queue"] for raw in vhost.queues.values()],
-                "bindings": [json.loads(raw)["binding"] for raw in vhost.bindings.values()],
-                "policies": json.loads(vhost.policies)["policies"] if vhost.policies is not None else []}
+                "exchanges": [read(raw)["exchange"] for raw in vhost.exchanges.values()],
+                "queues": [read(raw)["queue"] for raw in vhost.queues.values()],
+                "bindings": [read(raw)["binding"] for raw in vhost.bindings.values()],
+                "policies": read(vhost.policies)["policies"] if vhost.policies is not None else []}
         out = {"vhosts": vhosts, "next_queue_id": self.next_queue_id}
         if self.users is not None:          # each list only as logged: the broker keeps the other
-            out["users"] = json.loads(self.users)["users"]
+            out["users"] = read(self.users)["users"]
         if self.permissions is not None:
-            out["permissions"] = json.loads(self.permissions)["permissions"]
+            out["permissions"] = read(self.permissions)["permissions"]
         return out
 
     @classmethod
@@ -313,7 +324,7 @@ def load_snapshot(blob: bytes) -> tuple[MetaState, int]:
         return MetaState.from_version1(head), 0
     if version != VERSION:
         raise MetaError(f"unknown metadata version {version}")
-    state = MetaState()
+    state = MetaState(keep_decoded=True)
     for line in rest.split(b"\n"):
         if line:
             state.apply(line)
@@ -325,7 +336,7 @@ class Recovery:
     """What recovery found: the state, and where the log goes on."""
 
     def __init__(self):
-        self.state = MetaState()
+        self.state = MetaState(keep_decoded=True)
         self.found = False            # a snapshot or a log was there
         self.snapshot_size = 0
         self.covered = 0              # the snapshot covers log files up to this one
