@@ -49,8 +49,8 @@ STEPS = ["client -> master", "parse, route, log", "to the stream", "master -> mi
 # ---- inside a node process -------------------------------------------------------------------
 def install_marks(out_path: str) -> None:
     """Wrap the node's steps; write {name: [ns, ...]} to out_path when the process ends."""
-    from haremq.cluster.mirror import MirrorQueue
-    from haremq.cluster.replicator import Replicator
+    from haremq.cluster.mirroring.mirror import MirrorQueue
+    from haremq.cluster.mirroring.replicator import Replicator
     from haremq.node.broker.session import Session
     from haremq.node.server import AMQPProtocol
     from haremq.node.store.store import MessageStore

@@ -101,9 +101,9 @@ DELIVERY_CLIENT = textwrap.dedent('''
 # ---- inside a node process -------------------------------------------------------------------
 def install_marks(out_path: str) -> None:
     """Wrap the node's steps; write {name: [ns, ...]} to out_path when the process ends."""
-    from haremq.cluster.queue_service import LinkChannel
-    from haremq.cluster.queue_link import QueueLink
-    from haremq.cluster.replicator import Replicator
+    from haremq.cluster.links.home import LinkChannel
+    from haremq.cluster.links.link import QueueLink
+    from haremq.cluster.mirroring.replicator import Replicator
     from haremq.node.broker.session import Session
     from haremq.node.server import AMQPProtocol
 

@@ -29,7 +29,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from .secret import EXAMPLE_SECRET, secrets_of
+from haremq.cluster.secret import EXAMPLE_SECRET, secrets_of
 
 DAYS = 3650
 

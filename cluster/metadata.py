@@ -6,7 +6,7 @@ exchanges, bindings and queue records and route locally. A queue is a real
 result of applying an entry (or the AMQP error it raised) is handed back to
 the channel that proposed it, which replies to its client only then.
 
-Snapshots (cluster/raft.py compacts the log with them): `snapshot` captures
+Snapshots (cluster/raft/shell.py compacts the log with them): `snapshot` captures
 the state every member holds after the last entry applied (vhosts, users,
 permissions, policies, exchanges, queues with their home and store id,
 bindings, each mirrored queue's record, the members added and forgotten,
@@ -35,9 +35,9 @@ from haremq.node.broker.vhost import VHost
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.protocol.tables import decode_table, encode_table
 
-from .ha import HAState
-from .raft import SnapshotRefused
-from .remote_queue import RemoteQueue, fingerprint, hand_over
+from haremq.cluster.links.remote_queue import RemoteQueue, fingerprint, hand_over
+from haremq.cluster.mirroring.policy import HAState
+from haremq.cluster.raft.shell import SnapshotRefused
 
 
 EPOCH_KEY_BITS = 40    # a master of epoch E numbers new messages from E << 40 (keys are uint64)
@@ -63,7 +63,7 @@ class MetadataMachine:
     def __init__(self, node_name: str, broker, peers, call_metadata, is_up=lambda _n: True):
         self.node = node_name
         self.broker = broker
-        self.peers = peers          # a callable: name -> cluster.membership.Peer | None
+        self.peers = peers          # a callable: name -> cluster.membership.members.Peer | None
         self.call_metadata = call_metadata
         self.is_up = is_up
         self.on_home_lost = None
@@ -72,7 +72,7 @@ class MetadataMachine:
         self.on_removed = None      # this node itself was forgotten
         self.on_node_down = None    # name -> node.down applied (not replaying): end what its clients held here
         # member -> the log index of its last return (node.restarted, node.resumed), and of the
-        # return after which node.down was applied: the leader's watch (cluster/node_down.py)
+        # return after which node.down was applied: the leader's watch (cluster/membership/node_down.py)
         # proposes node.down for a member agreed down whose last return is not yet marked down
         self.returned: dict[str, int] = {}
         self.down: dict[str, int] = {}
@@ -84,7 +84,7 @@ class MetadataMachine:
         # not acted on (a queue's master moving away and back again must not empty it).
         self.incarnation = uuid.uuid4().hex
         self.replaying = True
-        self.mirroring = None       # cluster.mirroring.Mirroring
+        self.mirroring = None       # cluster.mirroring.manager.Mirroring
         self.tasks = None           # node.tasks.TaskGroup of the node's cluster side: remote queues' calls
         self.log = structlog.get_logger("haremq.metadata").bind(node=node_name)
 
@@ -211,7 +211,7 @@ class MetadataMachine:
           links their channels opened to this node close, so their consumers are removed (a
           single-active consumer hands over, an auto-delete queue whose last consumer that was
           is deleted) and what they had not acked is requeued as redelivered. A link's stream
-          usually broke already when the node went (cluster/queue_service.py requeues then);
+          usually broke already when the node went (cluster/links/home.py requeues then);
           this entry ends one that did not. On the node itself, its clients are closed (320).
 
         Void if the node came back since the leader decided (`since` is the log index of the
@@ -263,7 +263,7 @@ class MetadataMachine:
         return {}
 
     def _member_add(self, index, c):
-        """A new member joined (cluster/discovery.py): every member starts pinging it and counts it
+        """A new member joined (cluster/membership/discovery.py): every member starts pinging it and counts it
         in the majority from this entry on; the leader sends it the log from the start."""
         self.members[c.node] = c.address
         if self.on_add is not None:
@@ -297,7 +297,7 @@ class MetadataMachine:
         self.log.warning("member forgotten", member=name)
         return {"forgotten": True}
 
-    # ---- mirrored queues (cluster/mirroring.py) ------------------------------------------------
+    # ---- mirrored queues (cluster/mirroring/manager.py) ------------------------------------------------
     def _queue_promote(self, index, c):
         if self.mirroring is None:
             return {}
@@ -571,7 +571,7 @@ class MetadataMachine:
 
 
 def _jsonable(value):
-    from .control import _jsonable as convert
+    from haremq.cluster.control.server import _jsonable as convert
     return convert(value)
 
 

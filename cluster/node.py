@@ -18,20 +18,20 @@ from haremq.node.broker.commands import Command, NodeRestarted, NodeResumed, Nod
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
-from . import transport
-from .control import Control
-from .metadata import MetadataMachine, raise_result
-from .raft import NotLeader, Raft
-from .raft_storage import RaftStorage
-from .management_view import ClusterManagementView
-from .membership import CHANNEL_OPTIONS, Membership
-from .reply_to import ReplyForwarder
-from .mirroring import Mirroring
-from .node_down import DownWatch
-from .queue_service import Links
-from .rpc import cluster_pb2_grpc as pbg
-from .secret import SecretCheck
-from .service import ClusterService
+from haremq.cluster import transport
+from haremq.cluster.control.management_view import ClusterManagementView
+from haremq.cluster.control.server import Control
+from haremq.cluster.links.home import Links
+from haremq.cluster.links.reply_to import ReplyForwarder
+from haremq.cluster.membership.members import CHANNEL_OPTIONS, Membership
+from haremq.cluster.membership.node_down import DownWatch
+from haremq.cluster.metadata import MetadataMachine, raise_result
+from haremq.cluster.mirroring.manager import Mirroring
+from haremq.cluster.raft.shell import NotLeader, Raft
+from haremq.cluster.raft.storage import RaftStorage
+from haremq.cluster.rpc import cluster_pb2_grpc as pbg
+from haremq.cluster.secret import SecretCheck
+from haremq.cluster.service import ClusterService
 
 
 @dataclass
@@ -43,7 +43,7 @@ class ClusterConfig:
     failure_timeout: float = 3.0
     tls: object = None                                       # transport.TLSFiles for mutual TLS
     advertise: str | None = None     # HOST:PORT the others reach us at; with it, a fresh node joins
-                                     # the running cluster (scale-out: cluster/discovery.py)
+                                     # the running cluster (scale-out: cluster/membership/discovery.py)
 
 
 class ClusterNode:
@@ -135,7 +135,7 @@ class ClusterNode:
         await self.mirroring.start()
         await self.down_watch.start()
         if self.config.advertise and self.raft.storage.last_index == 0 and self.membership.peers:
-            from .discovery import join
+            from haremq.cluster.membership.discovery import join
             self.joining = True
             self._join = self.tasks.spawn(join(self, self.config.advertise))
 
@@ -171,7 +171,7 @@ class ClusterNode:
                         + (f", as {told_by} says" if told_by else "") + "); start it on an empty data dir to join again")
 
     def _raft_failed(self, reason: str) -> None:
-        """Raft could not write its log or vote (fail-stop, cluster/raft.py): the node stops."""
+        """Raft could not write its log or vote (fail-stop, cluster/raft/shell.py): the node stops."""
         self._stop_node(reason)
 
     def _stop_node(self, reason: str) -> None:
@@ -181,7 +181,7 @@ class ClusterNode:
             self.on_removed = None
 
     def forward_reply(self, node: str, token: str, message) -> bool:
-        """A direct reply for a requester connected to `node` (see cluster.reply_to)."""
+        """A direct reply for a requester connected to `node` (see cluster.links.reply_to)."""
         return self.replies.forward(node, token, message)
 
     def _majority_changed(self, majority: bool) -> None:

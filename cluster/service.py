@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import json
 
-from .control import ControlError
-from .mirror import serve_mirror
-from .queue_service import serve_link
-from .codec import message_from_pb
-from .rpc import cluster_pb2 as pb
-from .rpc import cluster_pb2_grpc as pbg
+from haremq.cluster.control.errors import ControlError
+from haremq.cluster.links.codec import message_from_pb
+from haremq.cluster.links.home import serve_link
+from haremq.cluster.mirroring.mirror import serve_mirror
+from haremq.cluster.rpc import cluster_pb2 as pb
+from haremq.cluster.rpc import cluster_pb2_grpc as pbg
 
 
 async def _chain(first, rest):

@@ -56,10 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _peers(values: dict) -> dict[str, str]:
     """Static peers (--peer, HAREMQ_PEERS, the file) and, with --peers-dns, the StatefulSet's members
-    that resolve now; members that start later join by asking (cluster/discovery.py)."""
+    that resolve now; members that start later join by asking (cluster/membership/discovery.py)."""
     peers = dict(values["peers"])
     if values["peers_dns"] and values["cluster_port"] is not None:
-        from haremq.cluster.discovery import dns_members
+        from haremq.cluster.membership.discovery import dns_members
         peers.update({name: address for name, address in dns_members(
             values["name"], values["peers_dns"], values["cluster_port"], values["replicas"]).items()
             if name not in peers})
@@ -72,7 +72,7 @@ def cluster_side(node: Node) -> ClusterSide:
     before its listeners open (management reads the cluster through its view): it takes the
     queues the store recovered, and stops the node when the cluster forgets it."""
     from haremq.cluster.node import ClusterConfig, ClusterNode
-    from haremq.cluster.raft_storage import RaftStorageError
+    from haremq.cluster.raft.storage import RaftStorageError
     config = node.config
     try:
         cluster = ClusterNode(config.name, ClusterConfig(
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         from haremq.bench.perf import main as perf_main
         return perf_main(argv[1:])
     if argv[:1] == ["ctl"]:
-        from haremq.cluster.control_client import ControlClient
+        from haremq.cluster.control.client import ControlClient
 
         from .ctl import main as ctl_main
         return ctl_main(argv[1:], ControlClient.load)

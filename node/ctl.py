@@ -241,7 +241,7 @@ DATA_ERRORS = ("NOT_FOUND", "PRECONDITION_FAILED", "RESOURCE_LOCKED", "NOT_ALLOW
 
 
 class ControlPort(Protocol):
-    """What ctl asks of a node's cluster port: cluster/control_client.py's ControlClient,
+    """What ctl asks of a node's cluster port: cluster/control/client.py's ControlClient,
     handed to main() by the application's assembly (node/cli.py)."""
 
     async def call(self, node: str, command: str, arguments: dict, timeout: float) -> tuple[bool, object]: ...

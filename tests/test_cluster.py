@@ -743,7 +743,7 @@ class _Members:
 def test_pre_vote_and_leader_stickiness_keep_the_term(tmp_path):
     import asyncio
 
-    from haremq.cluster.raft import ELECTION_MIN, Raft, RaftStorage
+    from haremq.cluster.raft.shell import ELECTION_MIN, Raft, RaftStorage
     from haremq.cluster.rpc import cluster_pb2 as pb
 
     async def scenario():

@@ -1,6 +1,6 @@
 """What management reads of the cluster (node/management/cluster_view.py's ClusterView), without
 sockets: a single node answers as a cluster of one and adds nothing of a cluster's to any
-answer; a member's view (cluster/management_view.py) reads membership, Raft, mirroring and the
+answer; a member's view (cluster/control/management_view.py) reads membership, Raft, mirroring and the
 control calls of the ClusterNode it is given (stood in for here by plain objects)."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from haremq.cluster.control import ControlError
-from haremq.cluster.ha import HAState
-from haremq.cluster.management_view import ClusterManagementView
+from haremq.cluster.control.errors import ControlError
+from haremq.cluster.control.management_view import ClusterManagementView
+from haremq.cluster.mirroring.policy import HAState
 from haremq.node.broker.broker import Broker
 from haremq.node.management.cluster_view import AdminRefused, ClusterView, Member, Placement
 from haremq.node.management.single_node import SingleNodeView

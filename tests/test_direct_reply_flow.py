@@ -82,7 +82,7 @@ def test_replies_waiting_for_another_node_are_bounded():
     """A node sends the replies for another node's requesters in batches, one call at a time;
     while that node does not answer, what waits for it is bounded: `forward` says False past
     it (the reply is then dropped, or returned to a mandatory replier)."""
-    from haremq.cluster.reply_to import MAX_WAITING_BYTES, ReplyForwarder
+    from haremq.cluster.links.reply_to import MAX_WAITING_BYTES, ReplyForwarder
     from haremq.node.broker.message import Message
 
     class Stub:

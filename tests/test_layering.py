@@ -53,4 +53,4 @@ def test_the_cluster_never_imports_the_application():
 
 def test_relative_imports_are_resolved():
     assert "haremq.node.tasks" in imports(ROOT / "node" / "alarms.py")
-    assert "haremq.cluster.transport" in imports(ROOT / "cluster" / "control_client.py")
+    assert "haremq.node.broker.ports" in imports(ROOT / "node" / "management" / "metrics.py")

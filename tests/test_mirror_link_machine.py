@@ -1,11 +1,11 @@
-"""A mirror link's phases (cluster/mirror_link_machine.py) driven by hand: no sockets, no tasks,
+"""A mirror link's phases (cluster/mirroring/link_machine.py) driven by hand: no sockets, no tasks,
 no clock. Each test feeds the events a MirrorLink would (a stream started, acks, the stream
 ended, the metadata log's decisions, ticks) and checks the phase and the actions asked for."""
 from __future__ import annotations
 
 import pytest
 
-from haremq.cluster.mirror_link_machine import (AFTER_STREAM, RETRY_UNREACHABLE, WAIT_FOR_LOG, LinkMachine,
+from haremq.cluster.mirroring.link_machine import (AFTER_STREAM, RETRY_UNREACHABLE, WAIT_FOR_LOG, LinkMachine,
                                                 LinkPhase, ProposeDropped, ProposeSynced, Restart)
 
 TIMEOUT = 3.0

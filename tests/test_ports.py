@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from haremq.cluster.control_client import ControlClient
+from haremq.cluster.control.client import ControlClient
+from haremq.cluster.links.home import LinkChannel
 from haremq.cluster.node import ClusterNode
-from haremq.cluster.queue_service import LinkChannel
 from haremq.node.broker.node_itself import NodeItself
-from haremq.cluster.remote_queue import RemoteQueue
+from haremq.cluster.links.remote_queue import RemoteQueue
 from haremq.node.broker.channel import Channel
 from haremq.node.broker.metadata import LocalMetadata
 from haremq.node.broker.ports import ConsumerChannel, MetadataPort, QueuePort, RemoteCaller

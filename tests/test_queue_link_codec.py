@@ -2,8 +2,8 @@
 from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
-from haremq.cluster.codec import message_from_parts, pack_publishes, unpack_publishes
-from haremq.cluster.queue_link import with_publishes_packed
+from haremq.cluster.links.codec import message_from_parts, pack_publishes, unpack_publishes
+from haremq.cluster.links.link import with_publishes_packed
 from haremq.cluster.rpc import cluster_pb2 as pb
 
 
@@ -53,7 +53,7 @@ def test_a_batch_stops_growing_at_its_byte_budget():
     """Many large bodies piled up go in several messages, not one past gRPC's limit."""
     import asyncio
 
-    from haremq.cluster.queue_link import BATCH_BYTES, piled_up, publish_weight
+    from haremq.cluster.links.link import BATCH_BYTES, piled_up, publish_weight
 
     big = BATCH_BYTES // 3 + 1
     items: asyncio.Queue = asyncio.Queue()
@@ -73,7 +73,7 @@ def test_a_batch_stops_growing_at_its_byte_budget():
 def test_a_body_heavier_than_the_budget_goes_alone():
     import asyncio
 
-    from haremq.cluster.queue_link import BATCH_BYTES, piled_up, publish_weight
+    from haremq.cluster.links.link import BATCH_BYTES, piled_up, publish_weight
 
     items: asyncio.Queue = asyncio.Queue()
     items.put_nowait((2, _message("", "q", b"small")))

@@ -1,12 +1,12 @@
-"""Raft's rules without sockets, files or a clock (cluster/raft_core.py): the paper's cases
-fed in as values, as the Raft machine (cluster/raft_machine.py) asks them."""
+"""Raft's rules without sockets, files or a clock (cluster/raft/rules.py): the paper's cases
+fed in as values, as the Raft machine (cluster/raft/machine.py) asks them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
 
-from haremq.cluster import raft_core as rules
+from haremq.cluster.raft import rules
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The Raft machine (cluster/raft_machine.py) driven by hand: no sockets, no files, no clock.
+"""The Raft machine (cluster/raft/machine.py) driven by hand: no sockets, no files, no clock.
 
 A simulated network carries the machines' messages between them, with the failure
 detector's view derived from who can reach whom, the time advanced in steps, and loss
@@ -15,10 +15,10 @@ import random
 import pytest
 import structlog
 
-from haremq.cluster.raft_machine import (APPEND_LOST, ELECTION_MAX, ELECTION_MIN, HEARTBEAT, ChangePending, NotLeader,
+from haremq.cluster.raft.machine import (APPEND_LOST, ELECTION_MAX, ELECTION_MIN, HEARTBEAT, ChangePending, NotLeader,
                                         RaftMachine)
-from haremq.cluster.raft_messages import AppendReply, AppendRequest, Entry, SnapshotRequest, VoteReply, VoteRequest
-from haremq.cluster.raft_state import PersistentState
+from haremq.cluster.raft.messages import AppendReply, AppendRequest, Entry, SnapshotRequest, VoteReply, VoteRequest
+from haremq.cluster.raft.state import PersistentState
 
 STEP = 0.01
 LOG = structlog.get_logger("haremq.raft.test")

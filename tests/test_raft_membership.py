@@ -1,4 +1,4 @@
-"""Membership changes through Raft's shell (cluster/raft.py): one at a time (Raft thesis 4.1).
+"""Membership changes through Raft's shell (cluster/raft/shell.py): one at a time (Raft thesis 4.1).
 
 In-process, without sockets: the leader's followers are answered by hand, so what is
 committed when is up to the test.
@@ -10,8 +10,8 @@ import json
 import time
 from types import SimpleNamespace
 
-from haremq.cluster.raft import Raft, RaftStorage
-from haremq.cluster.raft_messages import AppendReply, AppendRequest, VoteReply
+from haremq.cluster.raft.messages import AppendReply, AppendRequest, VoteReply
+from haremq.cluster.raft.shell import Raft, RaftStorage
 from haremq.cluster.rpc import cluster_pb2 as pb
 from haremq.node.broker.commands import MemberAdd, MemberForget
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from haremq.cluster.metadata import MetadataMachine, SnapshotRefused
-from haremq.cluster.mirroring import Mirroring
-from haremq.cluster.raft_storage import RaftStorage
+from haremq.cluster.mirroring.manager import Mirroring
+from haremq.cluster.raft.storage import RaftStorage
 from haremq.node.broker.broker import Broker
 from haremq.node.store.store import MessageStore
 

@@ -1,4 +1,4 @@
-"""Raft's durable state (cluster/raft_storage.py) and what the shell (cluster/raft.py) does
+"""Raft's durable state (cluster/raft/storage.py) and what the shell (cluster/raft/shell.py) does
 when writing it fails: nothing is promised that is not on disk.
 
 In-process, without sockets: the shell is driven through the handlers the gRPC service
@@ -15,9 +15,9 @@ import stat
 import pika
 import pytest
 
-from haremq.cluster.raft import Raft, RaftStorage, StorageFailed
-from haremq.cluster.raft_messages import LogWrite
-from haremq.cluster.raft_storage import RaftStorageError
+from haremq.cluster.raft.messages import LogWrite
+from haremq.cluster.raft.shell import Raft, RaftStorage, StorageFailed
+from haremq.cluster.raft.storage import RaftStorageError
 from haremq.cluster.rpc import cluster_pb2 as pb
 from tests.conftest import IS_REF, Node, free_port, pika_conn, wait_until
 

@@ -1,5 +1,5 @@
 """The remote queue's failover watch as a pure machine: no sockets, no loop, the time given."""
-from haremq.cluster.remote_failover import BLIP, PARK_TIMEOUT, Act, Action, FailoverWatch, Phase
+from haremq.cluster.links.failover import BLIP, PARK_TIMEOUT, Act, Action, FailoverWatch, Phase
 
 
 def acts(actions):

@@ -9,7 +9,7 @@ import random
 
 import pika
 
-from haremq.cluster.discovery import dns_members
+from haremq.cluster.membership.discovery import dns_members
 from tests.clusters import SECRET, ClusterMember, HostNames, ctl, ctl_json, launch, stop_cluster
 from tests.conftest import free_port, wait_until
 

@@ -145,7 +145,7 @@ class MemberForget(NodeEvent, op="member.forget"):
 
 @dataclass(frozen=True)
 class MemberAdd(Command, op="member.add"):
-    """A new member found by DNS joins (cluster/discovery.py): counted from this entry on."""
+    """A new member found by DNS joins (cluster/membership/discovery.py): counted from this entry on."""
     node: str
     address: str
 
@@ -213,7 +213,7 @@ def from_json(data: dict) -> Command | None:
 
 # ---- admin calls ------------------------------------------------------------------------------
 class AdminCallError(Exception):
-    """An admin call a node refused (cluster.control.ControlError is one), in one line."""
+    """An admin call a node refused (cluster.control.errors.ControlError is one), in one line."""
 
 
 # The Broker methods `haremq ctl` and the management API may run, by name. A change goes

@@ -31,7 +31,7 @@ class Message:
             routing_key_raw = bytes((len(raw),)) + raw
         self.exchange_raw = exchange_raw
         self.routing_key_raw = routing_key_raw
-        self.publish_id = 0      # set when forwarded to another node's queue (see cluster.remote_queue)
+        self.publish_id = 0      # set when forwarded to another node's queue (see cluster.links.remote_queue)
 
     @property
     def size(self) -> int:

@@ -111,7 +111,7 @@ def validate(name: str, pattern: str, definition: dict, priority: int, apply_to:
 
 
 def validate_ha(definition: dict) -> None:
-    """Mirroring keys (cluster/ha.py places the mirrors): ValueError if they do not make sense."""
+    """Mirroring keys (cluster/mirroring/policy.py places the mirrors): ValueError if they do not make sense."""
     mode = definition.get("ha-mode")
     params = definition.get("ha-params")
     if mode is None:

@@ -11,11 +11,11 @@ each still has every member.
   node.broker.metadata.LocalMetadata, which applies a command at once.
 - QueuePort: what a channel, a vhost and the management API do with a queue,
   local or not. Implemented by node.broker.queue.Queue (a master here) and
-  cluster.remote_queue.RemoteQueue (a handle on a master elsewhere; the
+  cluster.links.remote_queue.RemoteQueue (a handle on a master elsewhere; the
   mirrored layer fails it over).
 - ConsumerChannel: what a local queue asks of the channel a consumer is on.
   Implemented by node.broker.channel.Channel (a client's) and
-  cluster.queue_service.LinkChannel (another node's client, over gRPC).
+  cluster.links.home.LinkChannel (another node's client, over gRPC).
 - RemoteCaller: what a queue asks of the channel it works for (a publish
   settled, a link opened, a basic.get asked again). Implemented by Channel and
   node_itself.NodeItself (the node dead-lettering on its own

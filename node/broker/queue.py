@@ -397,7 +397,7 @@ class Queue:
         return out
 
     def adopt(self, contents) -> None:
-        """A promoted mirror's messages (MIR-4), a cluster.mirror.MirrorContents: keys ascending,
+        """A promoted mirror's messages (MIR-4), a cluster.mirroring.mirror.MirrorContents: keys ascending,
         kept (the positions the old master gave them). Those delivered on the old master come
         back redelivered; a TTL deadline the old master had set holds (one unknown to it counts
         from now). The head is read into memory and the rest stays paged out, as on the mirror:

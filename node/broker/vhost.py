@@ -438,7 +438,7 @@ def _typed(value) -> str:
 
 
 def _validate_queue_type(what: str, arguments: dict, method) -> str:
-    """x-queue-type. "quorum" is a queue replicated with no policy (cluster/ha.py), with a quorum
+    """x-queue-type. "quorum" is a queue replicated with no policy (cluster/mirroring/policy.py), with a quorum
     queue's declaration rules so that clients written for RabbitMQ see the same answers;
     streams are not supported."""
     kind = arguments.get("x-queue-type")

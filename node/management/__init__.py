@@ -9,7 +9,7 @@
     inputs.py       request bodies checked field by field (a 400 naming the field, never a 500)
     serializers.py  HareMQ's objects as RabbitMQ's JSON
     cluster_view.py what management reads of the cluster (ClusterView); single_node.py is a
-                    node on its own, cluster/management_view.py a member of a cluster
+                    node on its own, cluster/control/management_view.py a member of a cluster
     views.py        what one node contributes to cluster-wide listings
     stats.py        counters read when asked; rates, history and the timeline
     metrics.py      the Prometheus collector and /metrics
@@ -35,7 +35,7 @@ class Management:
     def __init__(self, broker, view: ClusterView, bind: str, management_port: int | None,
                  prometheus_port: int | None, per_queue: bool = True, ssl=None, optional=()):
         """`view`: the cluster as management reads it (cluster_view.py), a single node's own
-        (single_node.py) or a member's (cluster/management_view.py)."""
+        (single_node.py) or a member's (cluster/control/management_view.py)."""
         self.broker = broker
         self.view = view
         self.bind = bind

@@ -6,7 +6,7 @@ one of two implementations when its management side is built (node/app.py):
 
 - node.management.single_node.SingleNodeView: a node on its own, a cluster of
   one (itself, up, never paused; no mirrored queues; listings are its own);
-- cluster.management_view.ClusterManagementView: a member of a cluster
+- cluster.control.management_view.ClusterManagementView: a member of a cluster
   (membership, the metadata log's leader, mirroring, and the control calls
   that ask every member for its part).
 
@@ -79,7 +79,7 @@ class ClusterView(Protocol):
         ...
 
     def queue_status(self, vhost: str, name: str) -> dict[str, Any]:
-        """A mirrored queue's master, mirrors and sync state (cluster/mirroring.py's `status`),
+        """A mirrored queue's master, mirrors and sync state (cluster/mirroring/manager.py's `status`),
         as serializers.mirroring_fields reads it; empty for a queue that is not mirrored."""
         ...
 

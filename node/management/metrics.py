@@ -10,7 +10,7 @@ quorum queue and how many are online (RabbitMQ 3.10's plugin has no such
 series: `haremq_queue_members`, `haremq_queue_members_online`), epochs and
 failovers, sync progress, the store's group commits and fsync time, Raft
 term and leader, and which members this node sees up (the cluster's series
-come from its view: cluster/management_view.py).
+come from its view: cluster/control/management_view.py).
 
 Each node exports the queues whose messages live on it, as each RabbitMQ node
 does. `/metrics` has one series per queue (labels `vhost`, `queue`) unless the

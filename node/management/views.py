@@ -4,7 +4,7 @@ Queues are listed by their home node (where their messages and counters
 are), connections, channels and consumers by the node the client is connected
 to, and each node describes itself. In a cluster `haremq ctl`'s control call
 `management_rows` asks every member that is up for its part (see
-cluster/control.py) and the API merges them; a single node answers alone.
+cluster/control/server.py) and the API merges them; a single node answers alone.
 What the cluster adds (a queue's mirrors, a member's links) comes from the
 node's ClusterView (cluster_view.py).
 """

@@ -12,7 +12,7 @@ read from the queue (paged-out messages from the store) a batch at a time while
 the queue keeps serving, then the live log. Mirroring wraps the queue: the
 master's queue pages to its store exactly as an unmirrored one does.
 
-Synchronisation, one link at a time, is cluster/mirror_link_machine.py's
+Synchronisation, one link at a time, is cluster/mirroring/link_machine.py's
 LinkMachine: its phases (syncing, manual, catching, proposing, synced, ...) and
 when a mirror is proposed synchronised or dropped; a MirrorLink carries out what
 it asks. Confirms wait for every synced mirror (by the log) and every catching
@@ -32,10 +32,10 @@ from haremq.node.broker.queue import ContentsReader
 
 from haremq.node.broker.commands import QueueMirrorDropped, QueueMirrorSynced
 
-from .codec import message_to_pb
-from .mirror_link_machine import (AFTER_STREAM, Action, LinkMachine, LinkPhase, ProposeDropped, ProposeSynced,
+from haremq.cluster.links.codec import message_to_pb
+from haremq.cluster.mirroring.link_machine import (AFTER_STREAM, Action, LinkMachine, LinkPhase, ProposeDropped, ProposeSynced,
                                   Restart)
-from .rpc import cluster_pb2 as pb
+from haremq.cluster.rpc import cluster_pb2 as pb
 
 ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, pb.MirrorOp.REMOVE,
                                      pb.MirrorOp.REQUEUE)
@@ -65,8 +65,8 @@ class MirrorWantsAll(Exception):
 
 class Replicator:
     def __init__(self, mirroring, state):
-        self.mirroring = mirroring        # cluster.mirroring.Mirroring: peers, proposals, log fields
-        self.state = state                # cluster.ha.HAState, changed only by the metadata log
+        self.mirroring = mirroring        # cluster.mirroring.manager.Mirroring: peers, proposals, log fields
+        self.state = state                # cluster.mirroring.policy.HAState, changed only by the metadata log
         self.queue = None
         self.seq = 0
         self.ops: list = []               # ops not yet sent on every open stream

@@ -28,10 +28,10 @@ from haremq.node.broker.policy import winning
 from haremq.node.broker.queue import is_quorum
 from haremq.node.tasks import TaskGroup
 
-from .membership import WatchRounds
-from .ha import QUORUM_DEFAULTS, HAState, quorum_group
-from .mirror import MirrorQueue
-from .replicator import Replicator
+from haremq.cluster.membership.members import WatchRounds
+from haremq.cluster.mirroring.mirror import MirrorQueue
+from haremq.cluster.mirroring.policy import QUORUM_DEFAULTS, HAState, quorum_group
+from haremq.cluster.mirroring.replicator import Replicator
 
 TICK = 0.02         # the leader's watch: a promotion follows a master's death within a round
 RESENT_FOR = 60.0        # seconds: publishers' nodes send theirs again within a failover

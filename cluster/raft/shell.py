@@ -11,7 +11,7 @@ entry can win) is what makes a failover safe.
 The log is compacted (Raft's section 7): once SNAPSHOT_ENTRIES entries (or as
 many as the last snapshot held records, if more) were applied since the last
 snapshot, the state machine's state is captured on the loop (plain values),
-encoded and written off it (cluster/raft_storage.py: write, fsync, rename,
+encoded and written off it (cluster/raft/storage.py: write, fsync, rename,
 directory fsync), and the log file is cut before it. A restart loads the
 snapshot and replays only the entries after it. A follower whose next entry
 the leader has compacted away gets the snapshot (InstallSnapshot); one that
@@ -40,12 +40,12 @@ Nothing is answered, sent or applied after it, and the node is stopped
 (`on_failure`) with the reason, to be started again once the disk is fixed.
 
 This module is the shell. The consensus state and its transitions are
-cluster/raft_machine.py's RaftMachine, pure (time passed in, messages and
-writes handed back); its rules are cluster/raft_core.py's functions. The
+cluster/raft/machine.py's RaftMachine, pure (time passed in, messages and
+writes handed back); its rules are cluster/raft/rules.py's functions. The
 shell does what the machine cannot: the timer (a tick with the time), the
 gRPC calls and their answers (the machine's messages are plain values,
 converted at the wire), the writes and fsyncs of term, vote and log
-(cluster/raft_storage.py, off the event loop, before anything that depends
+(cluster/raft/storage.py, off the event loop, before anything that depends
 on them is sent), applying what commits, and the proposals waiting for that.
 """
 from __future__ import annotations
@@ -62,10 +62,10 @@ import structlog
 from haremq.node.broker.commands import MemberAdd, MemberForget
 from haremq.node.tasks import TaskGroup
 
-from .raft_machine import ELECTION_MIN, HEARTBEAT, VOTE_TIMEOUT, ChangePending, NotLeader, RaftMachine
-from .raft_messages import AppendReply, AppendRequest, Entry, Ready, SnapshotRequest, VoteReply, VoteRequest
-from .raft_storage import RaftStorage, RaftStorageError, snapshot_header
-from .rpc import cluster_pb2 as pb
+from haremq.cluster.raft.machine import ELECTION_MIN, HEARTBEAT, VOTE_TIMEOUT, ChangePending, NotLeader, RaftMachine
+from haremq.cluster.raft.messages import AppendReply, AppendRequest, Entry, Ready, SnapshotRequest, VoteReply, VoteRequest
+from haremq.cluster.raft.storage import RaftStorage, RaftStorageError, snapshot_header
+from haremq.cluster.rpc import cluster_pb2 as pb
 
 __all__ = ["ELECTION_MIN", "HEARTBEAT", "NotLeader", "PROPOSE_TIMEOUT", "Raft", "RaftStorage", "StorageFailed"]
 
@@ -75,7 +75,7 @@ SNAPSHOT_TIMEOUT = 60.0     # an InstallSnapshot call: the transfer, a write and
 SNAPSHOT_ENTRIES = int(os.environ.get("HAREMQ_RAFT_SNAPSHOT_ENTRIES", "10000"))
 STOP_SNAPSHOT_MIN = 1000     # a clean stop snapshots if at least this many entries came after the last one
 STOP_SNAPSHOT_TIMEOUT = 30.0
-MEMBERSHIP_CHANGES = frozenset({MemberAdd.op, MemberForget.op})   # one at a time (raft_machine.py)
+MEMBERSHIP_CHANGES = frozenset({MemberAdd.op, MemberForget.op})   # one at a time (machine.py)
 
 
 class SnapshotRefused(Exception):

@@ -2,9 +2,9 @@
 
 DATA_DIR/raft/state.json holds term and vote (written whole: write, fsync,
 rename); DATA_DIR/raft/log.jsonl holds one entry per line, appended and
-fsynced. RaftStorage is the persistent state (cluster/raft_state.py) loaded
+fsynced. RaftStorage is the persistent state (cluster/raft/state.py) loaded
 from there; the Raft machine changes it in memory and asks for each change
-to be written, and the shell (cluster/raft.py) has these writes done off the
+to be written, and the shell (cluster/raft/shell.py) has these writes done off the
 event loop before it sends what depends on them.
 
 A file created or renamed into place is only there after a power loss once
@@ -51,8 +51,8 @@ import structlog
 from haremq.node.store.meta import truncate_synced, write_atomically, write_synced
 from haremq.node.store.writer import sync_directory
 
-from .raft_messages import LogWrite
-from .raft_state import PersistentState
+from haremq.cluster.raft.messages import LogWrite
+from haremq.cluster.raft.state import PersistentState
 
 SNAPSHOT_VERSION = 1
 

@@ -56,7 +56,7 @@ async def join(node, advertise: str, interval: float = 1.0) -> None:
     import grpc
     import structlog
 
-    from .rpc import cluster_pb2 as pb
+    from haremq.cluster.rpc import cluster_pb2 as pb
     log = structlog.get_logger("haremq.cluster").bind(node=node.name)
     request = pb.ControlRequest(command="member_join",
                                 arguments=json.dumps({"node": node.name, "address": advertise}).encode())

@@ -1,21 +1,25 @@
 """Day-2 `haremq ctl` commands, as rabbitmqctl, rabbitmq-queues and rabbitmq-upgrade have them.
 
-Served by every node like the rest of cluster/control.py (these register
-themselves in its COMMANDS). Changes go through the metadata log, so every
+Served by every node like the rest of cluster/control/server.py, whose COMMANDS table
+takes in this module's. Changes go through the metadata log, so every
 member applies them in one order; queue contents change where the queue's
 master lives.
 """
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import structlog
 
 from haremq.node.protocol.replies import AMQPError
 from haremq.node.broker import commands as C
 
-from .control import COMMANDS, Control, ControlError
-from .rpc import cluster_pb2 as pb
+from haremq.cluster.control.errors import ControlError
+from haremq.cluster.rpc import cluster_pb2 as pb
+
+if TYPE_CHECKING:
+    from haremq.cluster.control.server import Control
 
 log = structlog.get_logger("haremq.ctl")
 MAINTENANCE_REASON = "Node was put into maintenance mode"
@@ -143,7 +147,7 @@ async def revive(control: Control, args: dict) -> dict:
     return {"node": node.name, "maintenance": False}
 
 
-COMMANDS.update({
+COMMANDS = {
     "purge_queue_any": purge_queue_any,
     "delete_queue": delete_queue,
     "close_connection": close_connection,
@@ -151,7 +155,7 @@ COMMANDS.update({
     "sync_critical_queues": sync_critical_queues,
     "drain": drain,
     "revive": revive,
-})
+}
 
 
 async def member_join(control: Control, args: dict) -> dict:

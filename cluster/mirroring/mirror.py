@@ -22,8 +22,8 @@ import structlog
 from haremq.node.broker.deduplication import IdCache
 from haremq.node.tasks import TaskGroup
 
-from .codec import message_from_pb
-from .rpc import cluster_pb2 as pb
+from haremq.cluster.links.codec import message_from_pb
+from haremq.cluster.rpc import cluster_pb2 as pb
 
 ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, pb.MirrorOp.REMOVE,
                                      pb.MirrorOp.REQUEUE)

@@ -1,19 +1,23 @@
 """`haremq ctl` for quorum-declared queues, as `rabbitmq-queues` has them: add-member,
 delete-member, grow, shrink, quorum-status, check-if-node-is-quorum-critical.
 
-A quorum-declared queue's members are fixed when it is declared (cluster/ha.py `quorum_group`)
+A quorum-declared queue's members are fixed when it is declared (cluster/mirroring/policy.py `quorum_group`)
 and change only through these commands, each a `queue.member` entry on the metadata log, so a
-member joining the cluster does not silently move existing groups. Registered in
-cluster/control.py's COMMANDS like the day-2 commands.
+member joining the cluster does not silently move existing groups. Served through
+cluster/control/server.py's COMMANDS like the day-2 commands.
 """
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from haremq.node.broker import commands as C
 
-from .control import COMMANDS, Control, ControlError
-from .operations import _propose
+from haremq.cluster.control.errors import ControlError
+from haremq.cluster.control.operations import _propose
+
+if TYPE_CHECKING:
+    from haremq.cluster.control.server import Control
 
 
 def _quorum_state(control: Control, vhost: str, name: str):
@@ -140,11 +144,11 @@ async def quorum_critical(control: Control, args: dict) -> list:
     return quorum_critical_queues(control, args.get("node") or control.node.name)
 
 
-COMMANDS.update({
+COMMANDS = {
     "add_member": add_member,
     "delete_member": delete_member,
     "grow": grow,
     "shrink": shrink,
     "quorum_status": quorum_status,
     "quorum_critical": quorum_critical,
-})
+}

@@ -20,9 +20,9 @@ from haremq.node.broker.queue import LOGGED, SAFE, Consumer, Queue
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
-from .codec import message_from_pb, message_to_pb, unpack_publishes
-from .queue_link import DISCARD, MOVED, REQUEUE, event_weight, piled_up
-from .rpc import cluster_pb2 as pb
+from haremq.cluster.links.codec import message_from_pb, message_to_pb, unpack_publishes
+from haremq.cluster.links.link import DISCARD, MOVED, REQUEUE, event_weight, piled_up
+from haremq.cluster.rpc import cluster_pb2 as pb
 
 MAX_PENDING_EVENTS = 2000
 

@@ -22,9 +22,9 @@ from haremq.node.broker.node_itself import NODE_ITSELF
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.tasks import TaskGroup
 
-from .queue_link import ACK, DISCARD, REQUEUE, QueueLink, RemoteEntry
-from .remote_failover import PARK_TIMEOUT, TICK, Act, FailoverWatch
-from .rpc import cluster_pb2 as pb
+from haremq.cluster.links.failover import PARK_TIMEOUT, TICK, Act, FailoverWatch
+from haremq.cluster.links.link import ACK, DISCARD, REQUEUE, QueueLink, RemoteEntry
+from haremq.cluster.rpc import cluster_pb2 as pb
 
 HELD_MAX = 100_000    # publishes held per queue while its master fails over; beyond, nacked
 ACKED_KEYS = 20_000   # keys a node remembers its clients acked, to know a failover's redeliveries

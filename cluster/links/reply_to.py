@@ -17,8 +17,8 @@ import structlog
 
 from haremq.node.tasks import TaskGroup
 
-from .codec import message_to_pb
-from .rpc import cluster_pb2 as pb
+from haremq.cluster.links.codec import message_to_pb
+from haremq.cluster.rpc import cluster_pb2 as pb
 
 MAX_BATCH = 500
 MAX_WAITING_BYTES = 16 << 20     # reply bodies waiting for one node

@@ -1,7 +1,7 @@
 """A mirror link's phases, pure: events in, actions out.
 
 The master of a mirrored queue streams its changes to each mirror over one
-long-lived call (cluster/replicator.py's MirrorLink). Whether that mirror counts
+long-lived call (cluster/mirroring/replicator.py's MirrorLink). Whether that mirror counts
 for confirms, when it may be called synchronised and when it is dropped from the
 in-sync set are decided here, by LinkMachine, from what the link sees (a stream
 started, an ack, the stream ended, the mirror unreachable), what the metadata log

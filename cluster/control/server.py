@@ -10,19 +10,17 @@ from __future__ import annotations
 import asyncio
 import json
 
-from haremq.node.broker.commands import AdminCallError, BrokerCall, MemberForget, admin_method
+from haremq.node.broker.commands import BrokerCall, MemberForget, admin_method
 from haremq.node.management.serializers import jsonable
 from haremq.node.protocol.replies import AMQPError
 
-from .rpc import cluster_pb2 as pb
+from haremq.cluster.control import operations, quorum
+from haremq.cluster.control.errors import ControlError
+from haremq.cluster.rpc import cluster_pb2 as pb
 
 
 # What this version's cluster does, for tools that must not compare unlike things.
 FEATURES = ["replicated-metadata", "remote-queues", "pause-minority", "mirrored-queues"]
-
-
-class ControlError(AdminCallError):
-    """A command failed for a reason the operator should read."""
 
 
 class Control:
@@ -248,11 +246,9 @@ COMMANDS = {
     "management_close": Control.management_close,
     "sync_queue": Control.sync_queue,
     "cancel_sync_queue": Control.cancel_sync_queue,
+    **operations.COMMANDS,   # the day-2 commands
+    **quorum.COMMANDS,       # the quorum-queue membership commands
 }
 
 
 _jsonable = jsonable      # the name cluster/metadata.py imports it by
-
-
-from . import operations  # noqa: E402,F401  (registers the day-2 commands in COMMANDS)
-from . import quorum  # noqa: E402,F401  (registers the quorum-queue membership commands)

@@ -1,7 +1,7 @@
 """Raft's persistent state (the paper's Figure 2): the current term, the vote, and the log.
 
-Held in memory; the consensus machine (cluster/raft_machine.py) reads and changes it and
-asks for each change to be made durable; cluster/raft_storage.py loads it from disk and
+Held in memory; the consensus machine (cluster/raft/machine.py) reads and changes it and
+asks for each change to be made durable; cluster/raft/storage.py loads it from disk and
 writes those changes. Keeping it apart from both lets the machine run on a plain one in
 tests and on the loaded one in a node.
 

@@ -19,11 +19,11 @@ import structlog
 from haremq.node.broker.message import Entry, Message
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 
-from .codec import message_from_pb, pack_publishes
-from .rpc import cluster_pb2 as pb
+from haremq.cluster.links.codec import message_from_pb, pack_publishes
+from haremq.cluster.rpc import cluster_pb2 as pb
 
 if TYPE_CHECKING:
-    from .remote_queue import RemoteQueue
+    from haremq.cluster.links.remote_queue import RemoteQueue
 
 ACK, REQUEUE, DISCARD = 0, 1, 2      # QueueCall.Settle modes
 MOVED = 0       # QueueEvent.Error code: the queue's master is elsewhere now (a failover)

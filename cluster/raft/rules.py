@@ -2,7 +2,7 @@
 
 Everything here is a function of its arguments: no sockets, no tasks, no files,
 and no clock of its own (the time is an argument). The Raft machine
-(cluster/raft_machine.py) holds the state and asks this module what the
+(cluster/raft/machine.py) holds the state and asks this module what the
 consensus rules decide, so each rule can be tested on its own
 (tests/test_raft_core.py) as well as in a running machine.
 

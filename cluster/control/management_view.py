@@ -5,7 +5,7 @@ cluster, from the member's ClusterNode: membership (who is up, whether this
 node pauses), the metadata log (term, role, leader), mirroring (where each
 mirrored queue's master is, its mirrors and their sync), and the control
 calls that ask every member that is up for its part of a listing or apply a
-change through the log (cluster/control.py).
+change through the log (cluster/control/server.py).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from haremq.node.broker.ports import QueuePort
     from haremq.node.management.cluster_view import ClusterView
 
-    from .node import ClusterNode
+    from haremq.cluster.node import ClusterNode
 
 
 class ClusterManagementView:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import grpc
 
-from . import secret as cluster_secret
-from . import transport
-from .rpc import cluster_pb2 as pb
-from .rpc import cluster_pb2_grpc as pbg
-from .secret import call_metadata
+from haremq.cluster import secret as cluster_secret
+from haremq.cluster import transport
+from haremq.cluster.rpc import cluster_pb2 as pb
+from haremq.cluster.rpc import cluster_pb2_grpc as pbg
+from haremq.cluster.secret import call_metadata
 
 
 class ControlClient:

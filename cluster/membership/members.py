@@ -29,10 +29,10 @@ import structlog
 
 from haremq.node.tasks import TaskGroup
 
-from . import transport
-from .rpc import cluster_pb2 as pb
-from .rpc import cluster_pb2_grpc as pbg
-from .secret import call_metadata
+from haremq.cluster import transport
+from haremq.cluster.rpc import cluster_pb2 as pb
+from haremq.cluster.rpc import cluster_pb2_grpc as pbg
+from haremq.cluster.secret import call_metadata
 
 PING_INTERVAL = 0.25
 STALL = 0.5               # a gap this long between two checks: this process was not running

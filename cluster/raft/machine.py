@@ -7,13 +7,13 @@ one method per message that arrives, propose(). Each call returns a Ready, as et
 does: the term, vote and entries to make durable, the entries newly committed, and the
 messages to send once those writes are done. The time is an argument; the failure
 detector's view of the members (`peers`, `size`, `has_majority`, `is_up`, `up_members`,
-as cluster/membership.py has them) and a random source are handed in. It opens no socket
+as cluster/membership/members.py has them) and a random source are handed in. It opens no socket
 or file, starts no task and reads no clock, so a test can run a whole cluster of them by
 hand (tests/test_raft_machine.py).
 
-The rules it applies are cluster/raft_core.py's; cluster/raft.py carries out what it asks.
+The rules it applies are cluster/raft/rules.py's; cluster/raft/shell.py carries out what it asks.
 Behaviour (pre-vote, leader stickiness, check-quorum, standing in turn after a leader
-died) is described in cluster/raft.py's docstring.
+died) is described in cluster/raft/shell.py's docstring.
 
 Membership changes (a member added or forgotten) take effect when applied, and change the
 majority: the leader takes them one at a time (Raft thesis 4.1). It proposes a change only
@@ -32,9 +32,9 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from . import raft_core as rules
-from .raft_messages import AppendReply, AppendRequest, Entry, LogWrite, Ready, SnapshotRequest, VoteReply, VoteRequest
-from .raft_state import PersistentState
+from haremq.cluster.raft import rules
+from haremq.cluster.raft.messages import AppendReply, AppendRequest, Entry, LogWrite, Ready, SnapshotRequest, VoteReply, VoteRequest
+from haremq.cluster.raft.state import PersistentState
 
 HEARTBEAT = 0.15                     # an idle follower hears from the leader this often
 ELECTION_MIN, ELECTION_MAX = 0.6, 1.2

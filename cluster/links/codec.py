@@ -14,7 +14,7 @@ from haremq.node.broker.expiry import expiration_ms
 from haremq.node.broker.message import Message
 from haremq.node.protocol.properties import property_view
 
-from .rpc import cluster_pb2 as pb
+from haremq.cluster.rpc import cluster_pb2 as pb
 
 
 def message_from_pb(m: pb.Message) -> Message:

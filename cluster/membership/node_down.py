@@ -29,7 +29,7 @@ import structlog
 from haremq.node.broker.commands import NodeDown
 from haremq.node.tasks import TaskGroup
 
-from .membership import WatchRounds
+from haremq.cluster.membership.members import WatchRounds
 
 TICK = 0.05          # a node.down follows the majority's agreement within a round
 

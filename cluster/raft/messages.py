@@ -1,7 +1,7 @@
 """What the Raft machine says and asks for, as plain values: its messages, and a Ready.
 
 The messages mirror the gRPC ones (cluster.proto's VoteRequest, AppendRequest, ...) plus
-`to`, the member each is for; the shell (cluster/raft.py) converts them at the wire, so the
+`to`, the member each is for; the shell (cluster/raft/shell.py) converts them at the wire, so the
 machine and its tests never see protobuf. A request's reply is handed back to the machine
 together with the request it answers, which is how a reply is matched to its election or
 to what a follower was sent.
