@@ -84,7 +84,7 @@ class Member:
         for vname, vhost in self.broker.vhosts.items():
             for queue in vhost.queues.values():
                 if not queue.remote:
-                    messages[f"{vname}/{queue.name}"] = list(queue.tail)
+                    messages[f"{vname}/{queue.name}"] = list(queue.backing.tail)
         return {"state": snap, "messages": messages,
                 "recovered": {k: list(v) for k, v in sorted(self.metadata.recovered.items())}}
 

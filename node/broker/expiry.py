@@ -53,3 +53,11 @@ def call_later(delay: float, fn: Callable[[], None]):
     except RuntimeError:
         return None
     return loop.call_later(max(0.0, delay), fn)
+
+
+def deadline(ttl: int | None, expiration: int | None, start: float) -> float:
+    """When a message expires: the shorter of the queue's TTL and its own `expiration`, counted
+    from `start` (0: neither applies)."""
+    if expiration is not None and (ttl is None or expiration < ttl):
+        ttl = expiration
+    return 0.0 if ttl is None else start + ttl / 1000.0

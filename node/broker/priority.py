@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from typing import Iterator
+
+from .message import Entry
 
 MAX_PRIORITY = 255
 
@@ -24,25 +27,25 @@ class PriorityReady:
 
     def __init__(self, max_priority: int):
         self.max = max_priority
-        self.levels: list[deque] = [deque() for _ in range(max_priority + 1)]
+        self.levels: list[deque[Entry]] = [deque() for _ in range(max_priority + 1)]
         self._len = 0
 
-    def level_of(self, entry) -> int:
+    def level_of(self, entry: Entry) -> int:
         priority = entry.message.priority or 0
         return priority if priority <= self.max else self.max
 
-    def append(self, entry) -> None:
+    def append(self, entry: Entry) -> None:
         self.levels[self.level_of(entry)].append(entry)
         self._len += 1
 
-    def popleft(self):
+    def popleft(self) -> Entry:
         for level in reversed(self.levels):
             if level:
                 self._len -= 1
                 return level.popleft()
         raise IndexError("pop from an empty priority queue")
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index: int) -> Entry:
         if index != 0:
             raise IndexError("only the head of a priority queue can be read")
         for level in reversed(self.levels):
@@ -56,7 +59,7 @@ class PriorityReady:
     def __bool__(self) -> bool:
         return self._len > 0
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Entry]:
         for level in reversed(self.levels):
             yield from level
 
@@ -65,9 +68,9 @@ class PriorityReady:
             level.clear()
         self._len = 0
 
-    def put_back(self, entries: list) -> None:
+    def put_back(self, entries: list[Entry]) -> None:
         """Requeue: each entry to its level, at its original position (entries sorted by seq)."""
-        by_level: dict[int, list] = {}
+        by_level: dict[int, list[Entry]] = {}
         for entry in entries:
             by_level.setdefault(self.level_of(entry), []).append(entry)
         for index, items in by_level.items():
@@ -78,7 +81,7 @@ class PriorityReady:
                 self.levels[index] = deque(heapq.merge(items, level))
             self._len += len(items)
 
-    def drop_while_expired(self, now: float) -> list:
+    def drop_while_expired(self, now: float) -> list[Entry]:
         """Remove the expired heads of every level (RabbitMQ expires at the heads only)."""
         dropped = []
         for level in self.levels:
