@@ -58,7 +58,7 @@ class BenchNode:
         self.proc: subprocess.Popen | None = None
 
     def argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "haremq.node.cli", "node", "--name", self.name, "--data-dir", str(self.data_dir),
+        argv = [sys.executable, "-m", "haremq.cluster.cli", "node", "--name", self.name, "--data-dir", str(self.data_dir),
                 "--amqp-port", str(self.port), "--log-level", os.environ.get("HAREMQ_BENCH_LOG", "warning")]
         if self.cluster:
             argv += ["--cluster-port", str(self.cluster[self.name]), "--cluster-secret-file",
@@ -114,7 +114,7 @@ class Memory:
 
 
 def ctl(node: BenchNode, *args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{node.cluster[node.name]}",  # noqa: S603 - our ctl
+    return subprocess.run([sys.executable, "-m", "haremq.cluster.cli", "ctl", "--node", f"127.0.0.1:{node.cluster[node.name]}",  # noqa: S603 - our ctl
                            "--cluster-secret-file", str(node.data_dir.parent / "secret"), *args],
                           check=True, capture_output=True, cwd=ROOT, timeout=30, text=True).stdout
 

@@ -32,8 +32,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from haremq.node.app import Node, NodeConfig
-from haremq.node.cli import use_uvloop
+from haremq.cluster.assembly import build_node
+from haremq.node.app import NodeConfig
+from haremq.cluster.cli import use_uvloop
 from haremq.node.broker.broker import Broker
 from haremq.node.broker.session import Session
 from haremq.node.server import AMQPProtocol
@@ -133,7 +134,7 @@ async def run(messages: int, size: int, data_dir: Path) -> tuple[list, list]:
     marks = Marks()
     instrument(marks)
     port = free_port()
-    node = Node(NodeConfig(name="breakdown", data_dir=data_dir, amqp_port=port))
+    node = build_node(NodeConfig(name="breakdown", data_dir=data_dir, amqp_port=port))
     await node.start()
     while not node.store.prepared:
         await asyncio.sleep(0.05)

@@ -72,7 +72,7 @@ class Member:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "haremq.node.cli", "node", "--name", self.name, "--data-dir",
+        argv = [sys.executable, "-m", "haremq.cluster.cli", "node", "--name", self.name, "--data-dir",
                 str(self.workdir / "data"), "--amqp-port", str(self.amqp), "--bind", "127.0.0.1",
                 "--cluster-port", str(self.cluster), "--cluster-secret-file", str(self.workdir.parent / "secret"),
                 "--failure-timeout", str(self.failure_timeout), "--segment-size", str(4 << 20)]
@@ -89,7 +89,7 @@ class Member:
 
     async def ctl(self, *args) -> object:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{self.cluster}",
+            sys.executable, "-m", "haremq.cluster.cli", "ctl", "--node", f"127.0.0.1:{self.cluster}",
             "--cluster-secret-file", str(self.workdir.parent / "secret"), *args, "--json",
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(ROOT))
         out, err = await proc.communicate()

@@ -136,7 +136,7 @@ class HareNode:
 
     def launch(self) -> None:
         self.data.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "haremq.node.cli", "node", "--name", self.name, "--data-dir", str(self.data),
+        argv = [sys.executable, "-m", "haremq.cluster.cli", "node", "--name", self.name, "--data-dir", str(self.data),
                 "--amqp-port", str(self.port), "--bind", "127.0.0.1",
                 "--log-level", os.environ.get("HAREMQ_BENCH_LOG", "warning"), *self.extra]
         with open(self.data.parent / "haremq.log", "ab") as fh:

@@ -89,7 +89,7 @@ def mark_output(session_class, record) -> None:
 
 def node_main(out_path: str, argv: list[str]) -> int:
     install_marks(out_path)
-    from haremq.node.cli import main
+    from haremq.cluster.cli import main
     return main(argv)
 
 

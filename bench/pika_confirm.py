@@ -19,7 +19,7 @@ import time
 
 import pika
 
-from .stats import cpu_self, machine_cpu, proc_cpu, summary_ms
+from haremq.cluster.perf.stats import cpu_self, machine_cpu, proc_cpu, summary_ms
 
 
 def run(port: int, seconds: float, size: int, queue: str, broker_pids: list[int]) -> dict:

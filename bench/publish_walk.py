@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pika
 
-from haremq.node.app import Node, NodeConfig
+from haremq.cluster.assembly import build_node
+from haremq.node.app import NodeConfig
 
 from .failover import free_port
 
@@ -63,7 +64,7 @@ class Walk:
 
 
 async def _trace(port: int, data_dir: Path, rounds: int) -> list[Walk]:
-    node = Node(NodeConfig(name="walk", data_dir=data_dir, amqp_port=port))
+    node = build_node(NodeConfig(name="walk", data_dir=data_dir, amqp_port=port))
     await node.start()
     loop = asyncio.get_running_loop()
     walks = [Walk() for _ in range(rounds)]

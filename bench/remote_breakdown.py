@@ -120,7 +120,7 @@ def install_marks(out_path: str) -> None:
 
 def node_main(out_path: str, argv: list[str]) -> int:
     install_marks(out_path)
-    from haremq.node.cli import main
+    from haremq.cluster.cli import main
     return main(argv)
 
 

@@ -60,23 +60,33 @@ def raise_result(result) -> dict:
 
 
 class MetadataMachine:
-    def __init__(self, node_name: str, broker, peers, call_metadata, is_up=lambda _n: True):
+    def __init__(self, node_name: str, broker, peers, call_metadata, is_up=lambda _n: True, *,
+                 recovered: dict[int, list] | None = None, mirroring=None, tasks=None, on_home_lost=None,
+                 on_forget=None, on_add=None, on_removed=None, on_node_down=None):
+        """The node's parts it acts on, all given here (cluster/node.py): `recovered`, the
+        queues the store recovered (store id -> message ids), each taken by its queue once
+        the log declares it again; `mirroring` (cluster.mirroring.manager.Mirroring); `tasks`,
+        the cluster node's task group (remote queues' calls); and what it calls back:
+        on_home_lost(name) a queue's home failed a call, on_forget(name) the membership stops
+        counting that member, on_add(name, address) a new member is counted and pinged,
+        on_removed(None) this node itself was forgotten, on_node_down(name) node.down applied
+        (not replaying): end what its clients held here."""
         self.node = node_name
         self.broker = broker
         self.peers = peers          # a callable: name -> cluster.membership.members.Peer | None
         self.call_metadata = call_metadata
         self.is_up = is_up
-        self.on_home_lost = None
-        self.on_forget = None       # name -> the membership stops counting that member
-        self.on_add = None          # (name, address) -> a new member is counted and pinged
-        self.on_removed = None      # this node itself was forgotten
-        self.on_node_down = None    # name -> node.down applied (not replaying): end what its clients held here
+        self.on_home_lost = on_home_lost
+        self.on_forget = on_forget
+        self.on_add = on_add
+        self.on_removed = on_removed
+        self.on_node_down = on_node_down
         # member -> the log index of its last return (node.restarted, node.resumed), and of the
         # return after which node.down was applied: the leader's watch (cluster/membership/node_down.py)
         # proposes node.down for a member agreed down whose last return is not yet marked down
         self.returned: dict[str, int] = {}
         self.down: dict[str, int] = {}
-        self.recovered: dict[int, list] = {}
+        self.recovered: dict[int, list] = dict(recovered or {})
         self.members: dict[str, str | None] = {}   # member.add (its address) and member.forget (None)
         self.settings: dict[str, list] = {}        # the last of each SETTINGS broker call
         # Until this node applies its own node.restarted entry of this incarnation, what it
@@ -84,8 +94,8 @@ class MetadataMachine:
         # not acted on (a queue's master moving away and back again must not empty it).
         self.incarnation = uuid.uuid4().hex
         self.replaying = True
-        self.mirroring = None       # cluster.mirroring.manager.Mirroring
-        self.tasks = None           # node.tasks.TaskGroup of the node's cluster side: remote queues' calls
+        self.mirroring = mirroring
+        self.tasks = tasks
         self.log = structlog.get_logger("haremq.metadata").bind(node=node_name)
 
     def apply(self, index: int, command: bytes):
@@ -148,13 +158,9 @@ class MetadataMachine:
         return {"queue": name, "home": c.home}
 
     def _remote_queue(self, vhost, name, home, durable, owner, auto_delete, arguments) -> RemoteQueue:
-        queue = RemoteQueue(name, vhost.name, home, self.peers, durable=durable, exclusive_owner=owner,
-                            auto_delete=auto_delete, arguments=arguments)
-        queue.metadata = self.call_metadata
-        queue.home_up = self.is_up
-        queue.on_home_lost = self.on_home_lost
-        queue.tasks = self.tasks
-        return queue
+        return RemoteQueue(name, vhost.name, home, self.peers, durable=durable, exclusive_owner=owner,
+                           auto_delete=auto_delete, arguments=arguments, metadata=self.call_metadata,
+                           home_up=self.is_up, on_home_lost=self.on_home_lost, tasks=self.tasks)
 
     def _queue_delete(self, index, c):
         vhost = self._vhost_named(c.vhost)

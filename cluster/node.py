@@ -1,6 +1,9 @@
 """A node's cluster side: the gRPC listener, membership and the control commands.
 
-Started after the broker and before AMQP serving: a clustered node accepts
+Built by the assembly (cluster/assembly.py) with the store's recovered queues,
+it builds the node's broker, whose metadata port it is, and hands each of its
+parts their callbacks in their constructors. Started after the broker and the
+AMQP listener are up, it is handed that listener: a clustered node accepts
 AMQP clients only while it sees a majority of the members (pause-minority).
 """
 from __future__ import annotations
@@ -14,8 +17,10 @@ import structlog
 
 from pathlib import Path
 
+from haremq.node.broker.broker import Broker
 from haremq.node.broker.commands import Command, NodeRestarted, NodeResumed, NodeStopping
 from haremq.node.protocol.replies import AMQPError, ReplyCode
+from haremq.node.server import AMQPServer
 from haremq.node.tasks import TaskGroup
 
 from haremq.cluster import transport
@@ -47,45 +52,43 @@ class ClusterConfig:
 
 
 class ClusterNode:
-    def __init__(self, name: str, config: ClusterConfig, broker, amqp, data_dir, recovered=None):
+    def __init__(self, name: str, config: ClusterConfig, data_dir, recovered: dict[int, list[int]],
+                 broker: Callable[[ClusterNode], Broker]):
+        """A member's cluster side. `broker(self)` builds the node's broker with this node as its
+        metadata port (nothing is proposed before start); `recovered` is what the store recovered
+        (store id -> message ids), taken by each queue once the log declares it again. The AMQP
+        listener it pauses and resumes, and how it stops the node, come with `start`."""
         self.name = name
         self.config = config
-        self.broker = broker
-        self.amqp = amqp
         self.log = structlog.get_logger("haremq.cluster").bind(node=name)
-        self.membership = Membership(name, config.peers, config.secret, config.failure_timeout,
-                                     self._majority_changed, config.tls)
-        self.control = Control(self)
-        self.metadata = MetadataMachine(name, broker, lambda n: self.membership.peers.get(n),
-                                        self.membership.metadata, self.membership.is_up)
-        self.raft = Raft(name, self.membership, RaftStorage(Path(data_dir) / "raft", name), self.metadata.apply,
-                         self.metadata)
-        self.mirroring = Mirroring(self)
-        self.metadata.mirroring = self.mirroring
-        self.links = Links()             # queue links open here, by their clients' node
-        self.down_watch = DownWatch(self)
-        self.metadata.on_node_down = self._node_down
-        self.metadata.on_home_lost = self.membership.probe
-        self.membership.on_alarms = broker.set_peer_alarms
-        self.metadata.on_forget = self.membership.forget
-        self.metadata.on_add = self._member_added
+        self.broker = broker(self)
+        self.amqp: AMQPServer | None = None              # from start(): served only with a majority
+        self._stop_node_with: Callable[[str], None] | None = None   # from start(): stop with this reason
+        self.tasks = TaskGroup(f"cluster node {name}")   # proposals in flight, pause/resume transitions
         self.joining = False           # a fresh member asking to be added: "not a member" is expected
         self._join: asyncio.Future | None = None
-        self.metadata.on_removed = self._removed
-        self.membership.on_removed = self._removed
-        self.raft.on_failure = self._raft_failed
-        self.on_removed: Callable[[str], None] | None = None   # set by the node: stop with this reason
+        self.membership = Membership(name, config.peers, config.secret, config.failure_timeout,
+                                     self._majority_changed, config.tls, on_alarms=self.broker.set_peer_alarms,
+                                     on_removed=self._removed)
+        self.control = Control(self)
+        self.mirroring = Mirroring(self)
+        self.metadata = MetadataMachine(name, self.broker, lambda n: self.membership.peers.get(n),
+                                        self.membership.metadata, self.membership.is_up, recovered=recovered,
+                                        mirroring=self.mirroring, tasks=self.tasks,
+                                        on_home_lost=self.membership.probe, on_forget=self.membership.forget,
+                                        on_add=self._member_added, on_removed=self._removed,
+                                        on_node_down=self._node_down)
+        self.raft = Raft(name, self.membership, RaftStorage(Path(data_dir) / "raft", name), self.metadata.apply,
+                         self.metadata, on_failure=self._raft_failed)
+        self.links = Links()             # queue links open here, by their clients' node
+        self.down_watch = DownWatch(self)
         self.replies = ReplyForwarder(self.membership)
         self._server: grpc.aio.Server | None = None
-        self.tasks = TaskGroup(f"cluster node {name}")   # proposals in flight, pause/resume transitions
-        self.metadata.tasks = self.tasks
         self._transition: asyncio.Task | None = None
         self._announced = False
         self._returning = False        # paused after announcing: node.resumed before serving again
         self.draining = False
         self.management_view = ClusterManagementView(self)    # what the management side reads of the cluster
-        broker.cluster = self
-        broker.metadata = self
 
     def leader_name(self) -> str | None:
         return self.raft.leader
@@ -118,7 +121,12 @@ class ClusterNode:
                             f"cluster metadata not available: {exc or 'timeout'}") from None
         return raise_result(result)
 
-    async def start(self) -> None:
+    async def start(self, amqp: AMQPServer, stop_node: Callable[[str], None]) -> None:
+        """Open the cluster port and take part: `amqp` serves only while this node sees a
+        majority (pause-minority); `stop_node(reason)` stops the node when the cluster forgets
+        it or its log cannot be written."""
+        self.amqp = amqp
+        self._stop_node_with = stop_node
         self._server = grpc.aio.server(interceptors=[SecretCheck(self.config.secret)], options=CHANNEL_OPTIONS)
         pbg.add_ClusterServicer_to_server(ClusterService(self), self._server)
         address = f"{self.config.bind}:{self.config.port}"
@@ -176,9 +184,9 @@ class ClusterNode:
 
     def _stop_node(self, reason: str) -> None:
         """The node stops with `reason` (once)."""
-        if self.on_removed is not None:
-            self.on_removed(reason)
-            self.on_removed = None
+        if self._stop_node_with is not None:
+            self._stop_node_with(reason)
+            self._stop_node_with = None
 
     def forward_reply(self, node: str, token: str, message) -> bool:
         """A direct reply for a requester connected to `node` (see cluster.links.reply_to)."""

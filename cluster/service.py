@@ -42,7 +42,8 @@ class ClusterService(pbg.ClusterServicer):
         return await self.node.raft.on_propose(request)
 
     async def QueueSession(self, request_iterator, context):
-        async for event in serve_link(self.node.broker, request_iterator, context, self.node.links):
+        node = self.node
+        async for event in serve_link(node.broker, request_iterator, context, node.links, node.mirroring):
             yield event
 
     async def Mirror(self, request_iterator, context):

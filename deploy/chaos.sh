@@ -224,7 +224,7 @@ uri_args() {  # -h URL for each argument
   for u in "$@"; do printf '%s\n' -h "$u"; done
 }
 
-# Local processes: a node is `... haremq node ... --name NAME ...` (or python -m haremq.node.cli).
+# Local processes: a node is `... haremq node ... --name NAME ...` (or python -m haremq.cluster.cli).
 local_pids() {
   local node=$1 pid
   if [ -n "$PID_DIR" ]; then   # pid files only: nothing else is touched

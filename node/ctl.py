@@ -242,7 +242,7 @@ DATA_ERRORS = ("NOT_FOUND", "PRECONDITION_FAILED", "RESOURCE_LOCKED", "NOT_ALLOW
 
 class ControlPort(Protocol):
     """What ctl asks of a node's cluster port: cluster/control/client.py's ControlClient,
-    handed to main() by the application's assembly (node/cli.py)."""
+    handed to main() by the `haremq` command (cluster/cli.py)."""
 
     async def call(self, node: str, command: str, arguments: dict, timeout: float) -> tuple[bool, object]: ...
 
@@ -432,7 +432,7 @@ async def _read_definitions(filename: str) -> dict:
 
 def main(argv: list[str], connect: Callable[..., ControlPort]) -> int:
     """connect(secret_file, tls_cert, tls_key, tls_ca): the client of the cluster port (from
-    node/cli.py); OSError or ValueError when the operator's files cannot be read."""
+    cluster/cli.py); OSError or ValueError when the operator's files cannot be read."""
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     procs = []
     for name in names:
         amqp, cport = ports[name]
-        cmd = [sys.executable, "-m", "haremq.node.cli", "node", "--name", name, "--data-dir", str(args.data_dir / name),
+        cmd = [sys.executable, "-m", "haremq.cluster.cli", "node", "--name", name, "--data-dir", str(args.data_dir / name),
                "--amqp-port", str(amqp), "--cluster-port", str(cport), "--bind", args.bind,
                "--management-port", str(http[name][0]), "--prometheus-port", str(http[name][1])]
         for other in names:

@@ -104,7 +104,7 @@ class Proxy:
 
 
 def ctl(member, *args, timeout=20):
-    return subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"{member.host}:{member.cluster_port}",
+    return subprocess.run([sys.executable, "-m", "haremq.cluster.cli", "ctl", "--node", f"{member.host}:{member.cluster_port}",
                            "--cluster-secret-file", str(member.secret_file), *args],
                           capture_output=True, text=True, timeout=timeout,
                           cwd=str(Path(__file__).resolve().parent.parent))

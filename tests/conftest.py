@@ -133,7 +133,7 @@ def haremq_command() -> list[str]:
     exe = shutil.which("haremq")
     if exe:
         return [exe]
-    return [sys.executable, "-c", "import sys; from haremq.node.cli import main; sys.exit(main())"]
+    return [sys.executable, "-c", "import sys; from haremq.cluster.cli import main; sys.exit(main())"]
 
 
 def port_open(port: int, timeout: float = 0.5, host: str = HOST) -> bool:

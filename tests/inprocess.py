@@ -14,6 +14,7 @@ import concurrent.futures
 import threading
 from pathlib import Path
 
+from haremq.cluster.assembly import build_node
 from haremq.node.app import Node, NodeConfig
 
 
@@ -47,8 +48,8 @@ class InProcessNode:
         async def main():
             self.loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            self.node = Node(self.config)
             try:
+                self.node = build_node(self.config)
                 await self.node.start()
             except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
                 started.set_exception(exc)

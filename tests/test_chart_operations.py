@@ -13,7 +13,7 @@ import pika
 import pytest
 
 from haremq.node import ctl as node_ctl
-from haremq.node.cli import _peers
+from haremq.cluster.cli import _peers
 from tests.clusters import SECRET, ClusterMember, launch
 from tests.conftest import free_port, port_open, wait_until
 from tests.test_deploy import (KUBE_VALIDATE, ROOT, _container, _node_argv, _statefulset, docs, needs_helm,
@@ -139,7 +139,7 @@ def test_pre_stop_command_runs_against_a_node(tmp_path):
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
         (bin_dir / "haremq").write_text(f"#!/bin/sh\ncd {shlex.quote(str(ROOT))} && exec "
-                                        f"{shlex.quote(sys.executable)} -m node.cli \"$@\"\n")
+                                        f"{shlex.quote(sys.executable)} -m haremq.cluster.cli \"$@\"\n")
         (bin_dir / "haremq").chmod(0o755)
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HAREMQ_CLUSTER_SECRET_FILE": str(secret)}
         done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60, env=env)
@@ -189,7 +189,7 @@ def test_the_charts_generated_cluster_tls_runs_a_cluster(tmp_path):
         launch(members)
 
         def status(env):
-            return subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node",
+            return subprocess.run([sys.executable, "-m", "haremq.cluster.cli", "ctl", "--node",
                                    f"127.0.0.1:{ports['t-haremq-1']}", "--cluster-secret-file", str(secret),
                                    "--timeout", "5", "cluster-status", "--json"],
                                   capture_output=True, text=True, timeout=60, env=env)

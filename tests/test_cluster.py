@@ -56,7 +56,7 @@ def test_calls_without_the_secret_are_refused(cluster):
                              metadata=(("x-haremq-secret", SECRET),))
         assert reply.ok
     bad = tempfile_secret(members[0].secret_file.parent)
-    r = subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{members[0].cluster_port}",
+    r = subprocess.run([sys.executable, "-m", "haremq.cluster.cli", "ctl", "--node", f"127.0.0.1:{members[0].cluster_port}",
                         "--cluster-secret-file", str(bad), "cluster-status"], capture_output=True, text=True,
                        timeout=20)
     assert r.returncode == 77 and "refused the cluster secret" in r.stderr
@@ -178,7 +178,7 @@ def test_generated_grpc_modules_match_the_proto():
 
 def test_ctl_against_nothing_gives_one_line_error():
     port = free_port()
-    r = subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{port}", "--timeout", "2",
+    r = subprocess.run([sys.executable, "-m", "haremq.cluster.cli", "ctl", "--node", f"127.0.0.1:{port}", "--timeout", "2",
                         "cluster-status"], capture_output=True, text=True, timeout=30,
                        cwd=str(Path(__file__).resolve().parent.parent), env=dict(os.environ,
                                                                                    HAREMQ_CLUSTER_SECRET="x"))

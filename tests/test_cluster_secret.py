@@ -19,7 +19,7 @@ EXAMPLE = PROJECT_ROOT / "deploy" / "cluster-secret.example"
 
 def _node(tmp_path, *args, env=None, wait: float = 20.0):
     """Run `haremq node` clustered; (exit status or None if still running, stderr, the process)."""
-    cmd = [sys.executable, "-m", "haremq.node.cli", "node", "--name", "hare-s", "--data-dir", str(tmp_path / "data"),
+    cmd = [sys.executable, "-m", "haremq.cluster.cli", "node", "--name", "hare-s", "--data-dir", str(tmp_path / "data"),
            "--amqp-port", str(free_port()), "--cluster-port", str(free_port()), "--management-port", "0",
            "--prometheus-port", "0", *args]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HAREMQ_CLUSTER_SECRET")}
@@ -67,7 +67,7 @@ def test_insecure_cluster_starts_with_the_example_secret_and_says_so(tmp_path):
     port = free_port()
     cmd_args = ["--cluster-secret-file", str(EXAMPLE), "--insecure-cluster"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "haremq.node.cli", "node", "--name", "hare-i", "--data-dir", str(tmp_path / "data"),
+        [sys.executable, "-m", "haremq.cluster.cli", "node", "--name", "hare-i", "--data-dir", str(tmp_path / "data"),
          "--amqp-port", str(free_port()), "--cluster-port", str(port), "--management-port", "0",
          "--prometheus-port", "0", *cmd_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, HOME=str(tmp_path)))
@@ -106,7 +106,7 @@ def test_a_secret_file_of_several_lines_rotates_one_member_at_a_time(tmp_path):
         def ctl(secret_text):
             f = tmp_path / "ctl-secret"
             f.write_text(secret_text)
-            return subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node",
+            return subprocess.run([sys.executable, "-m", "haremq.cluster.cli", "ctl", "--node",
                                    f"127.0.0.1:{member.cluster_port}", "--cluster-secret-file", str(f),
                                    "cluster-status"], capture_output=True, text=True, timeout=60)
         assert ctl("old-secret\n").returncode == 0
@@ -124,7 +124,7 @@ def test_the_local_dev_cluster_still_starts(tmp_path):
     import signal
     # below the kernel's ephemeral range (32768 up): a client socket elsewhere cannot hold these
     base = random.Random().randrange(20000, 27000, 10)
-    proc = subprocess.Popen([sys.executable, "-m", "haremq.node.cli", "cluster", "up", "--nodes", "3",
+    proc = subprocess.Popen([sys.executable, "-m", "haremq.cluster.cli", "cluster", "up", "--nodes", "3",
                              "--amqp-port", str(base), "--cluster-port", str(base + 5000),
                              "--management-port", "0", "--prometheus-port", "0", "--data-dir", str(tmp_path / "d")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -133,7 +133,7 @@ def test_the_local_dev_cluster_still_starts(tmp_path):
         for i in range(3):
             wait_until(lambda i=i: port_open(base + i) or proc.poll() is not None, 60)
         assert proc.poll() is None, proc.communicate(timeout=10)[0]
-        done = subprocess.run([sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{base + 5000}",
+        done = subprocess.run([sys.executable, "-m", "haremq.cluster.cli", "ctl", "--node", f"127.0.0.1:{base + 5000}",
                                "cluster-status", "--json"], capture_output=True, text=True, timeout=60,
                               env=dict(os.environ, HOME=str(tmp_path)))
         assert done.returncode == 0, done.stderr

@@ -147,7 +147,7 @@ def _copy_cluster_tls(compose: list[str], env: dict, tmp: Path) -> None:
 
 
 def _ctl(*args, node="hare2", check=True):
-    return run(sys.executable, "-m", "haremq.node.cli", "ctl", "--node", f"127.0.0.1:{CLUSTER[node]}",
+    return run(sys.executable, "-m", "haremq.cluster.cli", "ctl", "--node", f"127.0.0.1:{CLUSTER[node]}",
                "--cluster-secret-file", str(TLS["cluster-secret"]), "--tls-cert", str(TLS["operator.pem"]),
                "--tls-key", str(TLS["operator-key.pem"]), "--tls-ca", str(TLS["ca.pem"]),
                *args, timeout=60, check=check)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from haremq.node import cli as node_cli
+from haremq.cluster import cli as haremq_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -89,7 +89,7 @@ needs_compose = pytest.mark.skipif(COMPOSE is None, reason="no docker-compose v2
 
 
 def _node_parser():
-    parser = node_cli.build_parser()
+    parser = haremq_cli.build_parser()
     return parser
 
 
@@ -110,7 +110,7 @@ def _closed_port() -> int:
 
 
 def haremq(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "haremq.node.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "haremq.cluster.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
 
 
@@ -183,7 +183,7 @@ def test_dockerfile_healthcheck_uses_haremq_health_with_flags_it_accepts(dockerf
     port = _closed_port()
     for extra in ({}, {"HAREMQ_CLUSTER_PORT": str(_closed_port())}):
         env = {**os.environ, "HAREMQ_AMQP_PORT": str(port), **extra}
-        shell = command.replace("haremq health", f"{shlex.quote(sys.executable)} -m node.cli health", 1)
+        shell = command.replace("haremq health", f"{shlex.quote(sys.executable)} -m haremq.cluster.cli health", 1)
         done = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
         assert done.returncode == 1, f"health against a closed port: {done.returncode} {done.stderr}"
         assert "usage" not in done.stderr.lower(), done.stderr
@@ -742,9 +742,9 @@ def test_helm_node_args_give_every_other_pod_as_peer():
         mounts = [m["mountPath"] for m in container["volumeMounts"]]
         assert any(str(args.cluster_secret_file).startswith(m + "/") for m in mounts)
         assert str(args.data_dir).startswith("/var/lib/haremq")
-        if not hasattr(node_cli, "_peers"):
-            pytest.skip("node.cli has no _peers() to resolve the peer list with")
-        peers = node_cli._peers(vars(args))
+        if not hasattr(haremq_cli, "_peers"):
+            pytest.skip("cluster/cli.py has no _peers() to resolve the peer list with")
+        peers = haremq_cli._peers(vars(args))
         domain = f"{headless}.mq.svc.cluster.local"
         assert peers == {f"{name}-{i}": f"{name}-{i}.{domain}:{args.cluster_port}"
                          for i in range(replicas) if i != 1}, peers

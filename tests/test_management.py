@@ -446,7 +446,7 @@ def test_a_sample_of_many_queues_lets_the_node_serve_between_chunks(tmp_path, mo
             assert http("PUT", n.node.config.management_port, f"/api/queues/%2F/chunked-{i}", body)[0] == 201
             http("POST", n.node.config.management_port, "/api/exchanges/%2F/amq.default/publish",
                  {"routing_key": f"chunked-{i}", "payload": "x", "payload_encoding": "string", "properties": {}})
-        sampler = n.broker.sampler
+        sampler = n.node.management.sampler
 
         async def sample_while_waited_on() -> list[str]:
             order: list[str] = []

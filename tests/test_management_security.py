@@ -150,7 +150,7 @@ def test_events_and_history_show_only_the_users_vhosts(inproc):
         assert _inproc_api(n, "PUT", f"/api/users/{user}", {"password": "pw", "tags": tags})[0] == 201
     assert _inproc_api(n, "PUT", "/api/permissions/team-a/alice",
                        {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
-    sampler = n.broker.sampler
+    sampler = n.node.management.sampler
     n.call(sampler.note, "failover", "queue 'payroll' in vhost 'team-b': master x -> y (epoch 2)",
            vhost="team-b", queue="payroll", old="x", new="y", epoch=2)
     n.call(sampler.note, "failover", "queue 'orders' in vhost 'team-a': master x -> y (epoch 2)",

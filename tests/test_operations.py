@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def haremq(*args, env=None, input=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "haremq.node.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "haremq.cluster.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           env=dict(os.environ, **(env or {})), input=input, timeout=timeout)
 
 
 def _resolve(argv, environ=None):
-    from haremq.node.cli import build_parser
+    from haremq.cluster.cli import build_parser
     return settings.resolve(build_parser().parse_args(["node", *argv]), environ=environ or {})
 
 
@@ -113,7 +113,7 @@ def test_node_from_config_file_and_json_logs_from_env(tmp_path):
     cfg.write_text(f'amqp_port = {port}\ndata_dir = "{tmp_path / "data"}"\nname = "cfg"\n'
                    'management_port = 0\nprometheus_port = 0\nsegment_size = 1048576\n')
     log = open(tmp_path / "log", "w+")
-    p = subprocess.Popen([sys.executable, "-m", "haremq.node.cli", "node", "--config", str(cfg)], stdout=log,
+    p = subprocess.Popen([sys.executable, "-m", "haremq.cluster.cli", "node", "--config", str(cfg)], stdout=log,
                          stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, HAREMQ_LOG_JSON="1"),
                          start_new_session=True)
     try:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from haremq.bench.amqp import URLError, parse_url, publish_template
+from haremq.cluster.perf.amqp import URLError, parse_url, publish_template
 
 HOST = "127.0.0.1"
 REF_PORT = os.environ.get("HAREMQ_TEST_REF_PORT")   # run against a reference broker instead
@@ -28,7 +28,7 @@ def _free_port() -> int:
 
 def _haremq() -> list[str]:
     exe = shutil.which("haremq")
-    return [exe] if exe else [sys.executable, "-c", "import sys; from haremq.node.cli import main; sys.exit(main())"]
+    return [exe] if exe else [sys.executable, "-c", "import sys; from haremq.cluster.cli import main; sys.exit(main())"]
 
 
 def _port_open(port: int) -> bool:

@@ -70,7 +70,7 @@ class HareNode:
         if REF_PORT:
             return self
         exe = shutil.which("haremq")
-        argv = [exe] if exe else [sys.executable, "-c", "import sys; from haremq.node.cli import main; sys.exit(main())"]
+        argv = [exe] if exe else [sys.executable, "-c", "import sys; from haremq.cluster.cli import main; sys.exit(main())"]
         self.log = open(self.workdir / "node.log", "ab")
         self.proc = subprocess.Popen(
             [*argv, "node", "--name", "spark", "--data-dir", str(self.workdir / "data"),

@@ -19,13 +19,14 @@ from haremq.node.broker.ports import ConsumerChannel, MetadataPort, QueuePort, R
 from haremq.node.app import ClusterSide
 from haremq.node.broker.queue import Queue
 from haremq.node.ctl import ControlPort
+from haremq.node.single_node import SingleNode
 
 IMPLEMENTATIONS: list[tuple[type, type]] = [
     (MetadataPort, ClusterNode), (MetadataPort, LocalMetadata),
     (QueuePort, Queue), (QueuePort, RemoteQueue),
     (ConsumerChannel, Channel), (ConsumerChannel, LinkChannel),
     (RemoteCaller, Channel), (RemoteCaller, NodeItself),
-    (ClusterSide, ClusterNode), (ControlPort, ControlClient),
+    (ClusterSide, ClusterNode), (ClusterSide, SingleNode), (ControlPort, ControlClient),
 ]
 
 
@@ -33,12 +34,13 @@ if TYPE_CHECKING:
     # Not run: mypy (`make lint`) reads it, and each assignment fails unless the class has every
     # member of its port with types that fit.
     def _each_is_its_port(cluster_node: ClusterNode, local: LocalMetadata, queue: Queue, remote: RemoteQueue,
-                          channel: Channel, link: LinkChannel, itself: NodeItself) -> None:
+                          channel: Channel, link: LinkChannel, itself: NodeItself, single: SingleNode) -> None:
         metadata: list[MetadataPort] = [cluster_node, local]
+        sides: list[ClusterSide] = [cluster_node, single]
         queues: list[QueuePort] = [queue, remote]
         consumer_channels: list[ConsumerChannel] = [channel, link]
         callers: list[RemoteCaller] = [channel, itself]
-        del metadata, queues, consumer_channels, callers
+        del metadata, sides, queues, consumer_channels, callers
 
 
 MISSING = object()

@@ -11,7 +11,7 @@ import time
 import pytest
 from pamqp import commands as pc
 
-from haremq.bench import amqp
+from haremq.cluster.perf import amqp
 from tests.clusters import ctl, proxied_cluster, queue_row
 from tests.conftest import IS_REF, wait_until
 

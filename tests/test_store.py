@@ -213,10 +213,11 @@ def test_corrupt_record_mid_log_refuses_start_unless_skipped(store_node, tmp_pat
 
 def test_lone_publisher_waits_one_fsync_and_many_share(tmp_path):
     # CONF-6, in-process: the store's own counters show fsyncs per confirm
-    from haremq.node.app import Node as HareNode, NodeConfig
+    from haremq.cluster.assembly import build_node
+    from haremq.node.app import NodeConfig
 
     async def scenario():
-        node = HareNode(NodeConfig(name="gc", data_dir=tmp_path / "gc", amqp_port=free_port()))
+        node = build_node(NodeConfig(name="gc", data_dir=tmp_path / "gc", amqp_port=free_port()))
         await node.start()
         try:
             url = f"amqp://guest:guest@127.0.0.1:{node.config.amqp_port}/%2F"

@@ -1,7 +1,7 @@
 """`haremq ctl`'s side of a node's cluster port: one Control call, with the cluster secret
 and, when the cluster port uses TLS, the operator's certificate.
 
-The command line (node/ctl.py) gets it from the application's assembly (node/cli.py)
+The command line (node/ctl.py) gets it from the `haremq` command (cluster/cli.py)
 and sees only its answer and built-in exceptions, so it never imports the cluster.
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ MAX_PENDING_EVENTS = 2000
 
 
 class LinkChannel:
-    def __init__(self, queue: Queue, events: asyncio.Queue, mirroring=None):
+    def __init__(self, queue: Queue, events: asyncio.Queue, mirroring):
         self.queue = queue
         self.events = events
         self.mirroring = mirroring
@@ -128,7 +128,7 @@ class LinkChannel:
             if seq:                         # nothing more is confirmed here
                 self._confirm(seq, False)
             return
-        if self.mirroring is not None and self.mirroring.holds_already(queue, message):
+        if self.mirroring.holds_already(queue, message):
             # sent again after a failover: the promoted mirror had it already
             if seq:
                 self.mirroring.confirm_held(queue, lambda ok, s=seq: self._durable(ok, s))
@@ -223,23 +223,23 @@ class Links:
         return len(links)
 
 
-async def serve_link(broker, request_iterator, context, links: Links | None = None):
-    """The QueueSession handler: yields events while a task handles the calls."""
+async def serve_link(broker, request_iterator, context, links: Links, mirroring):
+    """The QueueSession handler: yields events while a task handles the calls. `links`: the
+    links open on this node; `mirroring`: the node's (cluster/mirroring/manager.py)."""
     events: asyncio.Queue = asyncio.Queue()
     first = await request_iterator.__anext__()
     if first.WhichOneof("call") != "open":
         yield pb.QueueEvent(error=pb.QueueEvent.Error(code=503, text="COMMAND_INVALID - link not opened"))
         return
-    mirroring = getattr(broker.cluster, "mirroring", None)
-    if mirroring is not None:     # the client node saw a failover this node has not applied yet
-        await mirroring.caught_up(first.open.vhost, first.open.queue, first.open.epoch)
+    # the client node may have seen a failover this node has not applied yet
+    await mirroring.caught_up(first.open.vhost, first.open.queue, first.open.epoch)
     vhost = broker.vhosts.get(first.open.vhost)
     queue = vhost.queues.get(first.open.queue) if vhost is not None else None
-    moved = mirroring.check_link(first.open.vhost, first.open.queue, first.open.epoch) if mirroring else ""
+    moved = mirroring.check_link(first.open.vhost, first.open.queue, first.open.epoch)
     if moved:       # not an error for the client's channel: its node re-links once it learns
         yield pb.QueueEvent(error=pb.QueueEvent.Error(code=MOVED, text=moved))
         return
-    state = mirroring.states.get((first.open.vhost, first.open.queue)) if mirroring is not None else None
+    state = mirroring.states.get((first.open.vhost, first.open.queue))
     if (not isinstance(queue, Queue) or queue.deleted) and first.open.epoch and (state is None or state.mirrors):
         # a mirrored queue not (or no longer, or not yet) mastered here: the client's node
         # waits for the log to say where it is rather than telling its client "no queue"
@@ -252,8 +252,7 @@ async def serve_link(broker, request_iterator, context, links: Links | None = No
         return
     link = LinkChannel(queue, events, mirroring)
     origin = owner_node(first.open.owner)
-    if links is not None:
-        links.add(origin, link)
+    links.add(origin, link)
 
     async def handle_calls():
         try:
@@ -283,5 +282,4 @@ async def serve_link(broker, request_iterator, context, links: Links | None = No
     finally:
         await stream.close()
         link.close()
-        if links is not None:
-            links.remove(origin, link)
+        links.remove(origin, link)

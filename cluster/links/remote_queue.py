@@ -80,14 +80,18 @@ class RemoteQueue:
     message_bytes = paged_out = 0
 
     def __init__(self, name: str, vhost: str, home: str, peers, durable: bool = False, exclusive_owner=None,
-                 auto_delete: bool = False, arguments: dict | None = None):
+                 auto_delete: bool = False, arguments: dict | None = None, *, metadata=lambda: (),
+                 home_up=lambda _name: True, on_home_lost=None, tasks: TaskGroup | None = None):
+        """`metadata()`: the gRPC metadata its calls carry (the cluster secret); `home_up(name)`:
+        whether a member is up as the failure detector sees it; `on_home_lost(name)`: a call to
+        the home failed, have membership probe it; `tasks`: the cluster node's task group."""
         self.name = name
         self.vhost = vhost
         self.home = home
         self.peers = peers            # name -> Peer
-        self.metadata = lambda: ()
-        self.home_up = lambda _name: True
-        self.tasks = TaskGroup(f"remote queue {vhost}/{name}")   # the node's, set from the metadata log
+        self.metadata = metadata
+        self.home_up = home_up
+        self.tasks = tasks if tasks is not None else TaskGroup(f"remote queue {vhost}/{name}")
         self.durable = durable
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
@@ -96,7 +100,7 @@ class RemoteQueue:
         self.deleted = False
         self.remote_count = 0
         self.unacked = 0
-        self.on_home_lost = None
+        self.on_home_lost = on_home_lost
         self.can_fail_over = lambda: True   # set from the log: a mirror that may take over is up
         self._links: dict[object, QueueLink] = {}
         self._parked: dict[int, tuple] = {}   # token -> (channel, retry, err, fail): calls waiting for a failover

@@ -114,7 +114,12 @@ class WatchRounds:
 
 class Membership:
     def __init__(self, name: str, peers: dict[str, str], secret: str, failure_timeout: float,
-                 on_majority: Callable[[bool], None], tls=None):
+                 on_majority: Callable[[bool], None], tls=None, *,
+                 on_alarms: Callable[[str, frozenset], None] | None = None,
+                 on_removed: Callable[[str], None] | None = None):
+        """on_majority(has_it) when this node gains or loses sight of a majority; on_alarms(name,
+        alarms) when a member's own alarms change; on_removed(name) when a member says this node
+        was forgotten."""
         self.name = name
         self.peers = {n: Peer(n, a) for n, a in peers.items() if n != name}
         self.secret = secret
@@ -124,8 +129,8 @@ class Membership:
         self.has_majority: bool | None = None
         self.paused = False
         self.log = structlog.get_logger("haremq.cluster").bind(node=name)
-        self.on_alarms: Callable[[str, frozenset], None] | None = None   # a member's alarms changed
-        self.on_removed: Callable[[str], None] | None = None   # a member says we were forgotten
+        self.on_alarms = on_alarms
+        self.on_removed = on_removed
         self._tasks = TaskGroup(f"membership {name}")   # ping loops, the watch, name lookups
         self._closing = TaskGroup(f"membership {name}: channels closing")   # awaited, not cut short, on stop
         self._last_check = time.monotonic()

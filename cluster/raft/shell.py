@@ -89,7 +89,8 @@ class StorageFailed(NotLeader):
 
 class Raft:
     def __init__(self, name: str, membership, storage: RaftStorage,
-                 apply: Callable[[int, bytes], object], state_machine=None):
+                 apply: Callable[[int, bytes], object], state_machine=None,
+                 on_failure: Callable[[str], None] | None = None):
         """`state_machine`, for compaction: snapshot() -> (encode, records), where encode() runs
         in a thread and returns the state as bytes and records is its size; restore(index,
         state) loads a decoded snapshot (raising SnapshotRefused if it cannot now)."""
@@ -111,7 +112,7 @@ class Raft:
         self._io = asyncio.Lock()       # one step's writes, applying and sending at a time, in order
         self._tasks = TaskGroup(f"raft {name}")     # the timer, one task per call to a peer
         self.failed: str | None = None  # why a write of term, vote or log failed: nothing is answered since
-        self.on_failure: Callable[[str], None] | None = None   # set by the node: stop with this reason
+        self.on_failure = on_failure    # the node stops with this reason
 
     role = property(lambda self: self.machine.role)
     leader = property(lambda self: self.machine.leader)

@@ -44,7 +44,6 @@ class Broker(Persistence):
         self.permissions: dict[tuple[str, str], Permission] = {("guest", "/"): Permission(".*", ".*", ".*")}
         self.sessions: set = set()
         self.sessions_by_key: dict = {}
-        self.cluster = None          # cluster.node.ClusterNode when clustered (a queue link asks it for mirroring)
         self.metadata: MetadataPort = metadata if metadata is not None else LocalMetadata(self)
         self._reply_to: dict[str, object] = {}
         self.alarms: set[str] = set()          # this node's own

@@ -46,6 +46,7 @@ class Management:
         self.optional = set(optional)   # ports left at their default: skipped with a warning if taken
         self.log = structlog.get_logger("haremq.management").bind(node=broker.node_name)
         self.sampler: Sampler | None = None
+        self.listeners: list[dict] = []     # this node's management and Prometheus listeners (/api/overview)
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> None:
@@ -53,11 +54,11 @@ class Management:
         from .metrics import Metrics
         from .stats import Sampler
         sampler = self.sampler = Sampler(self.broker, self.view)
-        self.broker.sampler = sampler
         sampler.start()
         listeners = []
         if self.management_port:
-            self.management_port = await self._serve(ManagementAPI(self.broker, self.view, sampler).app(),
+            self.management_port = await self._serve(ManagementAPI(self.broker, self.view, sampler,
+                                                                   self.listeners).app(),
                                                      self.management_port, "management", self.ssl)
             if self.management_port:
                 listeners.append({"node": self.broker.node_name, "protocol": "https" if self.ssl else "http",
@@ -68,7 +69,7 @@ class Management:
             if self.prometheus_port:
                 listeners.append({"node": self.broker.node_name, "protocol": "http/prometheus",
                                   "ip_address": self.bind, "port": self.prometheus_port})
-        self.broker.management_listeners = listeners
+        self.listeners.extend(listeners)
 
     async def _serve(self, app, port: int, what: str, ssl) -> int | None:
         from aiohttp import web

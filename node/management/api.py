@@ -58,17 +58,19 @@ STATIC = Path(__file__).resolve().parent / "static"
 
 
 class ManagementAPI:
-    def __init__(self, broker, view: ClusterView, sampler: Sampler):
+    def __init__(self, broker, view: ClusterView, sampler: Sampler, listeners: list[dict]):
+        """`listeners`: this node's management and Prometheus listeners (for /api/overview)."""
         self.broker = broker
         self.view = view
         self.sampler = sampler
+        self.listeners = listeners
 
     # ---- the application --------------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors], client_max_size=64 << 20)
         r = app.router
         shared = (self.broker, self.view, self.sampler)
-        overview, queues, exchanges = OverviewRoutes(*shared), QueueRoutes(*shared), ExchangeRoutes(*shared)
+        overview, queues, exchanges = OverviewRoutes(*shared, self.listeners), QueueRoutes(*shared), ExchangeRoutes(*shared)
         bindings, connections, access = BindingRoutes(*shared), ConnectionRoutes(*shared), AccessRoutes(*shared)
         policies, definitions, health = PolicyRoutes(*shared), DefinitionRoutes(*shared), HealthRoutes(*shared)
         r.add_get("/", self.page)

@@ -2,6 +2,8 @@
 timeline and history (/api/haremq/events, /api/haremq/history)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aiohttp import web
 
 from ..version import __version__
@@ -10,8 +12,18 @@ from . import serializers as js
 from .responses import as_json, not_found
 from .routes import Routes
 
+if TYPE_CHECKING:
+    from .cluster_view import ClusterView
+    from .stats import Sampler
+
 
 class OverviewRoutes(Routes):
+    def __init__(self, broker, view: ClusterView, sampler: Sampler, listeners: list[dict]):
+        """`listeners`: this node's management and Prometheus listeners as /api/overview lists
+        them, filled in by Management as each one opens."""
+        super().__init__(broker, view, sampler)
+        self.listeners = listeners
+
     async def overview(self, request) -> web.Response:
         caller = request["caller"]
         queues = self.visible(request, await self.rows("queues"))
@@ -30,7 +42,6 @@ class OverviewRoutes(Routes):
                 totals[i] += stats.get(key, 0)
                 rates[i] += stats.get(key + "_details", {}).get("rate", 0.0)
         publish, deliver_get, ack = totals
-        amqp = getattr(self.broker, "management_listeners", [])
         return as_json({
             "management_version": "3.10.8", "rates_mode": "basic", "product_name": "HareMQ",
             "product_version": __version__, "rabbitmq_version": "3.10.8", "erlang_version": "n/a",
@@ -45,7 +56,7 @@ class OverviewRoutes(Routes):
                              "messages_unacknowledged_details": js.details(0.0)},
             "object_totals": {"connections": len(connections), "channels": len(channels),
                               "consumers": consumers, "exchanges": exchanges, "queues": len(queues)},
-            "listeners": amqp, "contexts": [], "statistics_db_event_queue": 0, "disable_stats": False,
+            "listeners": self.listeners, "contexts": [], "statistics_db_event_queue": 0, "disable_stats": False,
             "enable_queue_totals": True,
         })
 

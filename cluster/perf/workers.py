@@ -3,7 +3,7 @@
 Why one OS process per producer and per consumer: a Python event loop tops
 out at one core, and a single process driving many connections would be
 the bottleneck long before the broker. Each worker is forked from the
-parent, runs its own uvloop loop and one connection (bench.amqp.Conn), and
+parent, runs its own uvloop loop and one connection (amqp.py's Conn), and
 talks to the parent through
 
 * `Shared.slots`: a shared int64 array, one row of counters per worker,

@@ -5,15 +5,15 @@
     haremq ctl ...         control a running node or cluster (node/ctl.py)
     haremq health ...      exit 0 when a node accepts connections (probes)
     haremq certs ...       make the cluster's TLS certificates and secret, once (cluster/certs.py)
-    haremq perf ...        PerfTest-style load tool (bench/perf.py)
+    haremq perf ...        PerfTest-style load tool (cluster/perf/)
 
 Every `haremq node` setting is a flag, an environment variable HAREMQ_<SETTING>
 (for example HAREMQ_CLUSTER_PORT, which containers use) and a key of the
 `--config FILE` (TOML); node/settings.py reads them once.
 
-This is the application's assembly: the one module that imports both node/ and
-cluster/. It hands a Node its cluster side and `haremq ctl` its client of the
-cluster port, so the rest of node/ never imports the cluster.
+The command sits at the top of cluster/, above node/ and the rest of cluster/:
+it builds a node with cluster/assembly.py and hands `haremq ctl` (node/ctl.py)
+its client of the cluster port, so no import runs back up.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import sys
 
 import structlog
 
-from . import logs, settings
-from .app import ClusterSide, Node, NodeConfig, NodeError
-from .version import __version__
+from haremq.node import logs, settings
+from haremq.node.app import NodeConfig, NodeError
+from haremq.node.version import __version__
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -59,31 +59,12 @@ def _peers(values: dict) -> dict[str, str]:
     that resolve now; members that start later join by asking (cluster/membership/discovery.py)."""
     peers = dict(values["peers"])
     if values["peers_dns"] and values["cluster_port"] is not None:
-        from haremq.cluster.membership.discovery import dns_members
+        from .membership.discovery import dns_members
         peers.update({name: address for name, address in dns_members(
             values["name"], values["peers_dns"], values["cluster_port"], values["replicas"]).items()
             if name not in peers})
     peers.pop(values["name"], None)
     return peers
-
-
-def cluster_side(node: Node) -> ClusterSide:
-    """A clustered node's cluster side (cluster/node.py), built once its broker exists and
-    before its listeners open (management reads the cluster through its view): it takes the
-    queues the store recovered, and stops the node when the cluster forgets it."""
-    from haremq.cluster.node import ClusterConfig, ClusterNode
-    from haremq.cluster.raft.storage import RaftStorageError
-    config = node.config
-    try:
-        cluster = ClusterNode(config.name, ClusterConfig(
-            port=config.cluster_port, bind=config.bind, peers=dict(config.peers), secret=config.cluster_secret,
-            failure_timeout=config.failure_timeout, tls=config.cluster_tls, advertise=config.advertise),
-            node.broker, node.amqp, config.data_dir)
-    except RaftStorageError as exc:     # the cluster's log on disk is damaged: say so, in one line
-        raise NodeError(str(exc)) from None
-    cluster.metadata.recovered = dict(node.recovered_queues)
-    cluster.on_removed = node.fail
-    return cluster
 
 
 async def _run_node(config: NodeConfig) -> None:
@@ -92,7 +73,8 @@ async def _run_node(config: NodeConfig) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 50, 1000)
-    node = Node(config, cluster_side)
+    from .assembly import build_node     # here: `haremq ctl`, `health` and `perf` need none of it
+    node = build_node(config)
     await node.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -131,21 +113,21 @@ def use_uvloop() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["perf"]:
-        from haremq.bench.perf import main as perf_main
+        from .perf.tool import main as perf_main
         return perf_main(argv[1:])
     if argv[:1] == ["ctl"]:
-        from haremq.cluster.control.client import ControlClient
+        from haremq.node.ctl import main as ctl_main
 
-        from .ctl import main as ctl_main
+        from .control.client import ControlClient
         return ctl_main(argv[1:], ControlClient.load)
     if argv[:1] == ["cluster"]:
-        from .local_cluster import main as cluster_main
+        from haremq.node.local_cluster import main as cluster_main
         return cluster_main(argv[1:])
     if argv[:1] == ["health"]:
-        from .health import main as health_main
+        from haremq.node.health import main as health_main
         return health_main(argv[1:])
     if argv[:1] == ["certs"]:
-        from haremq.cluster.certs import main as certs_main
+        from .certs import main as certs_main
         return certs_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "node":
@@ -158,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_secret = ""
         cluster_tls = None
         if v["cluster_port"] is not None:
-            from haremq.cluster import secret, transport
+            from . import secret, transport
             try:
                 cluster_secret = secret.resolve(v["cluster_secret_file"], allow_empty=True)
             except (OSError, ValueError) as exc:
