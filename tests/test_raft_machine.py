@@ -412,6 +412,27 @@ def test_pre_vote_is_refused_while_the_leader_is_heard_and_granted_once_it_is_no
     assert outsider.messages == [VoteReply("z", 6, False)]
 
 
+def test_a_follower_slow_to_answer_counts_the_leaders_silence_from_its_answer():
+    """The leader waits for a follower's answer before it sends that follower anything else;
+    a follower that took longer than an election timeout to write and apply an append must not
+    take that wait for a dead leader (it stood for election every few seconds under load)."""
+    f = machine("b", ("a", "c"), term=5)
+    f.on_append_request(AppendRequest("b", 5, "a", 0, 0), 10.0)
+    answered = 10.0 + ELECTION_MAX + 0.3        # writing and applying took this long
+    f.answered_leader(5, "a", answered)
+    ready = f.tick(answered + ELECTION_MIN / 2)
+    assert not [m for m in ready.messages if isinstance(m, VoteRequest)] and f.role == "follower"
+    assert f.hears_from_leader(answered + ELECTION_MIN / 2)
+    later = answered + ELECTION_MAX + 0.01       # and now the leader really is silent
+    ready = f.tick(later)
+    assert [m.to for m in ready.messages if isinstance(m, VoteRequest) and m.pre_vote] == ["a", "c"]
+    f2 = machine("b", ("a", "c"), term=5)       # an answer in an older term, or to another leader, counts for nothing
+    f2.on_append_request(AppendRequest("b", 5, "a", 0, 0), 10.0)
+    f2.answered_leader(4, "a", answered)
+    f2.answered_leader(5, "c", answered)
+    assert [m for m in f2.tick(answered).messages if isinstance(m, VoteRequest)]
+
+
 def test_a_cluster_of_one_leads_and_commits_on_its_own():
     m = machine(peers=())
     ready = m.start(0.0)

@@ -310,6 +310,7 @@ class Raft:
                                tuple(Entry(e.index, e.term, bytes(e.command)) for e in request.entries),
                                request.leader_commit)
         [reply] = await self._carry_out(self.machine.on_append_request(append, time.monotonic()))
+        self.machine.answered_leader(append.term, append.leader, time.monotonic())
         return pb.AppendReply(term=reply.term, success=reply.success, match_index=reply.match_index)
 
     async def on_install_snapshot(self, request) -> pb.AppendReply:
@@ -326,6 +327,7 @@ class Raft:
         snapshot = SnapshotRequest(self.name, request.term, request.leader, request.last_index, request.last_term,
                                    request.leader_commit, data)
         [reply] = await self._carry_out(self.machine.on_install_snapshot(snapshot, time.monotonic()))
+        self.machine.answered_leader(snapshot.term, snapshot.leader, time.monotonic())
         return pb.AppendReply(term=reply.term, success=reply.success, match_index=reply.match_index)
 
     async def _install(self, snapshot: SnapshotRequest) -> None:
