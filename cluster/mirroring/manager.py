@@ -30,6 +30,7 @@ from haremq.node.tasks import TaskGroup
 
 from haremq.cluster.membership.members import WatchRounds
 from haremq.cluster.mirroring.mirror import MirrorQueue
+from haremq.cluster.mirroring.mirrored_queue import mirror_queue, unmirror_queue
 from haremq.cluster.mirroring.policy import QUORUM_DEFAULTS, HAState, quorum_group
 from haremq.cluster.mirroring.replicator import Replicator
 
@@ -190,13 +191,13 @@ class Mirroring:
         if state.home == self.node and queue is not None and not queue.remote and state.mirrors:
             if replicator is None or replicator.closed:
                 replicator = self.replicators[key] = Replicator(self, state)
-                queue.attach_replica(replicator)
+                mirror_queue(queue, replicator)
             else:
                 replicator.set_mirrors(state.mirrors)
         elif replicator is not None:
             self.replicators.pop(key)
-            if queue is not None and queue.replica is replicator:
-                queue.detach_replica()
+            if queue is not None:
+                unmirror_queue(queue, replicator)
             replicator.close(state.home == self.node)
 
     def _queue(self, state: HAState):
@@ -289,8 +290,7 @@ class Mirroring:
             return True
         replicator = self.replicators.pop(state.key, None)
         if replicator is not None:
-            if queue.replica is replicator:
-                queue.detach_replica()
+            unmirror_queue(queue, replicator)
             replicator.close(False)            # a deposed master confirms nothing more
         if state.home == self.node:
             mirror = self.mirrors.pop(state.key, None)
@@ -413,10 +413,7 @@ class Mirroring:
     @staticmethod
     def confirm_held(queue, fn) -> None:
         """fn(ok) once what the queue holds now is as safe as a new publish would be."""
-        if queue.replica is not None or queue.store is not None:
-            queue.when_safe(fn)
-        else:
-            fn(True)
+        queue.when_safe(fn)
 
     # ---- ctl ---------------------------------------------------------------------------------
     def status(self, vhost: str, name: str) -> dict:

@@ -25,17 +25,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import TYPE_CHECKING, Iterable
 
 import grpc
-
-from haremq.node.broker.queue import ContentsReader
 
 from haremq.node.broker.commands import QueueMirrorDropped, QueueMirrorSynced
 
 from haremq.cluster.links.codec import message_to_pb
 from haremq.cluster.mirroring.link_machine import (AFTER_STREAM, Action, LinkMachine, LinkPhase, ProposeDropped, ProposeSynced,
                                   Restart)
+from haremq.cluster.mirroring.reading import ContentsReader, entries_at, keys_upto, oldest_position
 from haremq.cluster.rpc import cluster_pb2 as pb
+
+if TYPE_CHECKING:
+    from haremq.node.broker.message import Entry
 
 ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, pb.MirrorOp.REMOVE,
                                      pb.MirrorOp.REQUEUE)
@@ -137,10 +140,10 @@ class Replicator:
         cache = self.queue.dedup if self.queue is not None else None
         return cache.size if cache is not None else 0
 
-    def deliver(self, entry) -> None:
+    def deliver(self, entry: Entry) -> None:
         self._push_keys(DELIVER, [entry.seq])
 
-    def remove(self, entries) -> None:
+    def remove(self, entries: Iterable[Entry]) -> None:
         keys = [entry.seq for entry in entries]
         if keys:
             self._push_keys(REMOVE, keys)
@@ -150,7 +153,7 @@ class Replicator:
         if keys:
             self._push_keys(REMOVE, keys)
 
-    def requeue(self, entries) -> None:
+    def requeue(self, entries: Iterable[Entry]) -> None:
         keys = [e.seq for e in entries]
         if keys:
             self._push_keys(REQUEUE, keys)
@@ -219,7 +222,7 @@ class Replicator:
         waiting = (oldest[0], oldest[3]) if oldest is not None else None
 
         def oldest_key() -> int:        # read only for a link in manual sync
-            return self.queue.oldest_seq
+            return oldest_position(self.queue.backing)
 
         for node, link in self.links.items():
             link.carry_out(link.machine.tick(now, oldest_key=oldest_key, master_seq=self.seq, in_synced=node in synced,
@@ -346,10 +349,10 @@ class MirrorLink:
         base = rep.seq
         reconcile_upto = machine.reconcile_upto
         full, reconcile = machine.stream_started(base, rep.queue.next_seq - 1, state.sync_mode == "automatic")
-        reader = ContentsReader(rep.queue) if full else None
+        reader = ContentsReader(rep.queue.backing) if full else None
         keys = None
         if reconcile and reader is not None and reconcile_upto is not None:    # reconcile: both are
-            keys = rep.queue.keys_upto(reconcile_upto)
+            keys = keys_upto(rep.queue.backing, reconcile_upto)
             reader.cursor = reconcile_upto + 1     # newer messages are sent whole
         self.incarnation = rep.mirroring.incarnations.get(self.node, "")   # the mirror this stream reaches
         # the id cache as of base: the mirror's copy is replaced by it whatever the sync mode
@@ -388,7 +391,7 @@ class MirrorLink:
         gone since are left out: their removal is in the live log the mirror gets next)."""
         queue = self.rep.queue
         while True:
-            found = queue.entries_at(keys)
+            found = entries_at(queue.backing, keys)
             if found is not None:
                 return [enqueue_op(seq, message, delivered, expires) for seq, message, delivered, expires in found]
             await _next_write(queue.store)

@@ -9,7 +9,6 @@ or its connection's socket is not draining (TCP back pressure, QOS-5).
 """
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from typing import Callable
 
@@ -27,8 +26,8 @@ from .queue_arguments import OVERFLOW_DROP_HEAD, OVERFLOW_REJECT_PUBLISH, OVERFL
 from .queue_arguments import field_type as _field_type
 
 # what the broker and the cluster import from here
-__all__ = ["HEAD_LIMIT", "LOGGED", "REFUSED", "SAFE", "OVERFLOWS", "Consumer", "Queue", "ContentsReader",
-           "consumer_priority", "is_quorum", "_field_type"]
+__all__ = ["HEAD_LIMIT", "LOGGED", "REFUSED", "SAFE", "OVERFLOWS", "Consumer", "Queue", "consumer_priority",
+           "is_quorum", "_field_type"]
 
 class Queue:
     remote = False      # a RemoteQueue (homed on another node) says True
@@ -54,7 +53,8 @@ class Queue:
         self.max_priority = int_arg(self.arguments, "x-max-priority")
         self.single_active = self.arguments.get("x-single-active-consumer") is True
         self.persist_all = is_quorum(self.arguments)   # a quorum queue logs transient messages too
-        # the messages: paged to the store (a durable queue's), wrapped while mirrored
+        # the messages: paged to the store (a durable queue's); a mirrored queue's master wraps them
+        # (cluster/mirroring/mirrored_queue.py), and the queue never asks which it has
         self.backing: BackingQueue = PagedQueue(store if durable and exclusive_owner is None else None, store_id,
                                                 self.max_priority, self.persist_all, self._recovered_deadline)
         self._groups: list[deque] | None = None   # consumers by x-priority, highest first
@@ -67,7 +67,6 @@ class Queue:
         # at-least-once dead-lettering: entries set aside (kept in `outstanding`, so the store and
         # the mirrors keep them) until every dead-letter target has them (node/broker/deadletter.py)
         self.discards: dict[int, Entry] = {}
-        self.replica = None                      # cluster.replicator.Replicator while mirrored
         self.dedup: dd.IdCache | None = None     # x-message-deduplication: the ids seen lately
         # counters read by the management API and /metrics (never reset; rates are their deltas)
         self.published_total = self.delivered_total = self.acked_total = 0
@@ -117,8 +116,6 @@ class Queue:
             for entry in entries:
                 if entry.seq not in backing.outstanding:    # from the ready list: taken, as a delivery is
                     backing.delivered(entry, False)
-                    if self.replica is not None:
-                        self.replica.deliver(entry)
                 returns.pop(entry, None)
                 self.discards[entry.seq] = entry
             self.dead_letter(self, [e.message for e in entries], reason, held=entries)
@@ -228,19 +225,14 @@ class Queue:
                 if self.dedup.contains(key, now):
                     # A duplicate: confirmed once everything before it (its first copy) is safe.
                     self.dedup.dropped += 1
-                    return LOGGED if self.replica is not None or backing.logs else SAFE
+                    return LOGGED if backing.logs else SAFE
                 self.dedup.add(key, now)
                 seen = (key, now)
         self.published_total += 1
         expires = 0.0
         if self.ttl is not None or message.expiration is not None:
             expires = self._deadline(message)
-        seq = backing.next_seq
         outcome = backing.publish(message, expires, seen)
-        if self.replica is not None:
-            # safe only once every synchronised mirror has it too (see when_safe)
-            self.replica.enqueue(seq, message, False, expires, seen)
-            outcome = LOGGED
         if self.max_length is not None or self.max_length_bytes is not None:
             self._drop_head_to_limits()
         if expires:
@@ -265,28 +257,12 @@ class Queue:
                 channel.publish_settled(outcome == SAFE, seq)
 
     def when_safe(self, fn: Callable, *args) -> None:
-        """After a LOGGED publish: fn(ok, *args) once that message is durable here and, for a
+        """fn(ok, *args) once what the queue holds now is safe: durable here and, for a
         mirrored queue, held (and durable) on every synchronised mirror (CONF-4, MIR-3)."""
-        replica = self.replica
-        if replica is None:
-            self.backing.when_safe(fn, *args)
-        elif self.store is None:
-            replica.when_replicated(replica.seq, True, fn, args)
-        else:
-            self.store.when_durable_meanwhile(replica.when_replicated_after, replica.seq, fn, args)
-
-    def attach_replica(self, replica) -> None:
-        """Become a mirrored queue's master: every later change goes to `replica` too. The queue
-        pages as before: mirroring wraps it, it does not change how messages are kept."""
-        self.replica = replica
-        replica.start(self)
-
-    def detach_replica(self):
-        replica, self.replica = self.replica, None
-        return replica
+        self.backing.when_safe(fn, *args)
 
     def adopt(self, contents) -> None:
-        """A promoted mirror's messages (MIR-4), a cluster.mirror.MirrorContents, and its
+        """A promoted mirror's messages (MIR-4), a cluster.mirroring.mirror.MirrorContents, and its
         deduplication ids (in this node's store already: the mirror wrote them)."""
         if self.dedup is not None:
             self.dedup.replace(getattr(contents, "dedup", ()))
@@ -393,8 +369,6 @@ class Queue:
         if self._returns:
             for entry in entries:
                 self._returns.pop(entry, None)
-        if self.replica is not None:
-            self.replica.remove(entries)
         self.backing.forget(entries)
 
     # ---- messages back ---------------------------------------------------------------------
@@ -409,8 +383,6 @@ class Queue:
             entries = self._within_delivery_limit(entries)
             if not entries:
                 return
-        if self.replica is not None:
-            self.replica.requeue(entries)
         self.backing.requeue(entries)
         if self.expiring:
             self.drop_expired()
@@ -462,11 +434,6 @@ class Queue:
         if no_ack and self._returns:
             self._returns.pop(entry, None)
         self.backing.delivered(entry, no_ack)
-        if self.replica is not None:
-            if no_ack:
-                self.replica.remove((entry,))
-            else:
-                self.replica.deliver(entry)
 
     def dispatch(self) -> None:
         """Push ready messages to consumers that can take them: round-robin, or to the single
@@ -581,10 +548,6 @@ class Queue:
         if self._returns:
             for entry in backing.ready:
                 self._returns.pop(entry, None)
-        if self.replica is not None:
-            self.replica.remove(list(backing.ready))
-            if backing.paged_out:
-                self.replica.remove_keys(list(backing.tail_keys))
         backing.purge()
         return count
 
@@ -634,133 +597,3 @@ class Queue:
         self._groups = None
         self._returns.clear()
         return consumers
-
-    # ---- what a mirror's sync reads ------------------------------------------------------------
-    @property
-    def oldest_seq(self) -> int:
-        """The position of the oldest message still in the queue (next_seq when empty)."""
-        backing = self.backing
-        oldest = backing.next_seq
-        if backing.outstanding:
-            oldest = min(oldest, min(backing.outstanding))
-        ready = backing.ready
-        if ready:
-            oldest = min(oldest, ready[0].seq if backing.ordered else min(e.seq for e in ready))
-        if backing.paged_out:
-            oldest = min(oldest, backing.tail_keys[0])
-        return oldest
-
-    def keys_upto(self, upto: int) -> tuple[list[int], list[int]]:
-        """(every key up to `upto` still in the queue, those of them delivered), ascending: what a
-        promoted master reconciles a surviving mirror with, without reading a message."""
-        backing = self.backing
-        outstanding = backing.outstanding
-        in_memory = [e for e in outstanding.values() if e.seq <= upto] + [e for e in backing.ready if e.seq <= upto]
-        keys = [e.seq for e in in_memory]
-        keys += [key for key in backing.tail_keys if key <= upto]
-        keys.sort()
-        delivered = sorted(e.seq for e in in_memory if e.redelivered or e.seq in outstanding)
-        return keys, delivered
-
-    def entries_at(self, keys: list[int]) -> list | None:
-        """(seq, message, delivered, expires) of those keys still in the queue, ascending; None
-        if a paged-out one has not reached the file yet (ask again after the store's next write)."""
-        backing = self.backing
-        want = set(keys)
-        outstanding = backing.outstanding
-        out = [(e.seq, e.message, True, e.expires) for e in outstanding.values() if e.seq in want]
-        out += [(e.seq, e.message, e.redelivered, e.expires) for e in backing.ready if e.seq in want]
-        tail, tail_keys = backing.tail, backing.tail_keys
-        for key in sorted(want):
-            i = bisect.bisect_left(tail_keys, key)
-            if i < len(tail_keys) and tail_keys[i] == key:
-                msg_id = tail[i]
-                if not backing.store.is_written(msg_id):
-                    return None
-                message, delivered = backing.read(msg_id)
-                out.append((key, message, delivered, backing.tail_deadline(msg_id)))
-        out.sort(key=_first)
-        return out
-
-
-def _entry_seq(entry: Entry) -> int:
-    return entry.seq
-
-
-def _first(item):
-    return item[0]
-
-
-class ContentsReader:
-    """A queue's messages as of when the reader was made, read in chunks while the queue keeps
-    serving: what a new mirror's sync sends. Paged-out messages are read from the store a chunk
-    at a time, so neither side ever holds the whole queue in memory. A message that has left the
-    queue since is skipped: its removal follows in the replication log anyway."""
-
-    def __init__(self, queue: "Queue"):
-        self.queue = queue = queue.backing      # read from the backing queue
-        self.cut = queue.next_seq               # positions from here on come with the live log
-        self.cursor = 0
-        self.tail_ids = list(queue.tail)        # ids and positions only, not the messages
-        self.tail_keys = list(queue.tail_keys)
-        self.tail_at = 0                        # how far into them the reading is
-        self.total = queue.message_count + len(queue.outstanding)
-        self.sent = 0
-
-    def read(self, limit: int) -> list | None:
-        """The next chunk, oldest first, as (seq, message, delivered, expires); [] once done;
-        None if a paged-out message has not reached the file yet (try again after a write)."""
-        while True:
-            out = self._in_memory(limit)
-            if len(out) < limit and self.queue.tail:
-                more = self._paged_out(limit - len(out), bool(out))
-                if more is None:
-                    return None
-                out += more
-            if out:
-                self.cursor = out[-1][0] + 1
-                self.sent += len(out)
-                return out
-            if self.queue.tail and self.tail_at < len(self.tail_keys):
-                continue        # a whole chunk of them had left the queue: the reading moved on
-            return out
-
-    def _in_memory(self, limit: int) -> list:
-        queue, cursor, cut = self.queue, self.cursor, self.cut
-        outstanding = queue.outstanding
-        found = [e for e in outstanding.values() if cursor <= e.seq < cut]
-        ready = queue.ready
-        if not queue.ordered:
-            found += [e for e in ready if cursor <= e.seq < cut]
-        elif ready and ready[-1].seq >= cursor:
-            i = bisect.bisect_left(ready, cursor, key=_entry_seq)
-            while i < len(ready) and len(found) < 2 * limit and ready[i].seq < cut:
-                found.append(ready[i])
-                i += 1
-        found.sort()
-        del found[limit:]
-        return [(e.seq, e.message, e.redelivered or e.seq in outstanding, e.expires) for e in found]
-
-    def _paged_out(self, limit: int, partial: bool) -> list | None:
-        """Still paged out: from the queue's oldest paged-out position now (older ones were read
-        in since, and come from memory)."""
-        queue = self.queue
-        store = queue.store
-        keys, ids = self.tail_keys, self.tail_ids
-        i = bisect.bisect_left(keys, max(self.cursor, queue.tail_keys[0]), lo=self.tail_at)
-        out = []
-        while i < len(keys) and len(out) < limit and keys[i] < self.cut:
-            msg_id = ids[i]
-            if msg_id in store.index:           # else it has left the queue since
-                if not store.is_written(msg_id):
-                    if not out and not partial:
-                        self.tail_at = i
-                        return None
-                    break
-                message, delivered = queue.read(msg_id)
-                out.append((keys[i], message, delivered, queue.tail_deadline(msg_id)))
-            i += 1
-        self.tail_at = i if i < len(keys) and keys[i] < self.cut else len(keys)
-        if not out and not partial and self.tail_at < len(keys):
-            self.cursor = max(self.cursor, keys[self.tail_at])
-        return out
