@@ -193,7 +193,6 @@ class ClusterNode:
         return self.replies.forward(node, token, message)
 
     def _majority_changed(self, majority: bool) -> None:
-        self.membership.paused = not majority
         previous = self._transition
         self._transition = self.tasks.spawn(self._apply(majority, previous))
 

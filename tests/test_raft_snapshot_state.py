@@ -54,14 +54,13 @@ class Member:
         self.store.open()
         self.broker = Broker(name, self.store)
         self.membership = Members({"hare1", "hare2", "hare3"} - {name})
-        self.metadata = MetadataMachine(name, self.broker, lambda _n: None, self.membership.metadata,
-                                        self.membership.is_up)
         self.mirroring = Mirroring(self)
-        self.metadata.mirroring = self.mirroring
-        self.metadata.on_add = lambda n, _a: self.membership.peers.setdefault(n, None)
-        self.metadata.on_forget = lambda n: self.membership.peers.pop(n, None)
-        # what the store recovered: three messages under every store id a declare may have used
-        self.metadata.recovered = {i: [i * 10 + k for k in range(3)] for i in store_ids}
+        self.metadata = MetadataMachine(
+            name, self.broker, lambda _n: None, self.membership.metadata, self.membership.is_up,
+            # what the store recovered: three messages under every store id a declare may have used
+            recovered={i: [i * 10 + k for k in range(3)] for i in store_ids}, mirroring=self.mirroring,
+            on_add=lambda n, _a: self.membership.peers.setdefault(n, None),
+            on_forget=lambda n: self.membership.peers.pop(n, None))
 
     def replay(self, entries) -> None:
         for index, _term, command in entries:

@@ -407,6 +407,7 @@ class Membership:
             self.has_majority = majority
             if not first or not majority:
                 self.log.warning("majority " + ("regained" if majority else "lost"), up=up, members=self.size)
+            self.paused = not majority      # pause-minority: what Ping answers and the status shows
             self.on_majority(majority)
 
     def status(self) -> list[dict]:

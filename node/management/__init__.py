@@ -15,8 +15,9 @@
     metrics.py      the Prometheus collector and /metrics
     static/         the web view (plain HTML and JavaScript, no build step)
 
-`Management` starts and stops them with the node (node/app.py), which hands it
-the node's ClusterView. Both listeners run on the node's event loop.
+`Management` is built with the node's ClusterView by the assembly
+(cluster/assembly.py) and starts and stops them with the node (node/app.py).
+Both listeners run on the node's event loop.
 """
 from __future__ import annotations
 
