@@ -37,6 +37,7 @@ from haremq.node.protocol.tables import decode_table, encode_table
 
 from haremq.cluster.links.remote_queue import RemoteQueue, fingerprint, hand_over
 from haremq.cluster.mirroring.policy import HAState
+from haremq.cluster.raft.json_slices import dumps_in_slices
 from haremq.cluster.raft.shell import SnapshotRefused
 
 
@@ -484,7 +485,7 @@ class MetadataMachine:
                                "queues": [(q[0], q[1], q[2], table(q[3]), *q[4:]) for q in queues],
                                "bindings": [(*b[:4], table(b[4])) for b in bindings]}
                               for vname, policy_rows, exchanges, queues, bindings in vhosts]}
-            return json.dumps(doc, separators=(",", ":")).encode()
+            return dumps_in_slices(doc)      # in a thread: the loop gets the GIL between slices
         return encode, records
 
     def restore(self, index: int, state: dict) -> None:
