@@ -21,8 +21,8 @@ from .delivery_count import count_returns, delivery_count, with_delivery_count
 from .expiry import call_later, deadline, monotonic
 from .message import Entry, Message
 from .paged_queue import HEAD_LIMIT, LOGGED, REFUSED, SAFE, PagedQueue
-from .queue_arguments import OVERFLOW_DROP_HEAD, OVERFLOW_REJECT_PUBLISH, OVERFLOW_REJECT_PUBLISH_DLX, OVERFLOWS, \
-    at_least_once, int_arg, is_quorum
+from .queue_arguments import OVERFLOW_REJECT_PUBLISH, OVERFLOW_REJECT_PUBLISH_DLX, OVERFLOWS, \
+    at_least_once, int_arg, is_quorum, limits
 from .queue_arguments import field_type as _field_type
 
 # what the broker and the cluster import from here
@@ -75,24 +75,15 @@ class Queue:
     # ---- settings: x- arguments and policy ---------------------------------------------
     def _resolve(self) -> None:
         """Effective limits from the queue's arguments and its policy (see policy.py)."""
-        args, policy = self.arguments, self.policy
-        self.max_length = int_arg({"x-max-length": pol.effective(args, policy, "max-length")}, "x-max-length")
-        self.max_length_bytes = int_arg({"x-max-length-bytes": pol.effective(args, policy, "max-length-bytes")},
-                                         "x-max-length-bytes")
-        self.overflow = pol.effective(args, policy, "overflow") or OVERFLOW_DROP_HEAD
-        self.ttl = pol.effective(args, policy, "message-ttl")
-        self.expires = pol.effective(args, policy, "expires")
-        self.delivery_limit = pol.effective(args, policy, "delivery-limit")
-        self.dlx = pol.effective(args, policy, "dead-letter-exchange")
-        self.dlx_routing_key = pol.effective(args, policy, "dead-letter-routing-key")
+        settings = limits(self.arguments, self.policy)
+        (self.max_length, self.max_length_bytes, self.overflow, self.ttl, self.expires, self.delivery_limit,
+         self.dlx, self.dlx_routing_key) = settings[:8]
         self.dead_letter = self._dead_letter_handler if self.dlx is not None else None
-        self.at_least_once = at_least_once(pol.effective(args, policy, "dead-letter-strategy"), self.persist_all,
-                                           self.dlx, self.overflow, self.describe())
+        self.at_least_once = settings.dead_letter_strategy is not None and at_least_once(
+            settings.dead_letter_strategy, self.persist_all, self.dlx, self.overflow, self.describe())
         if self.ttl is not None:
             self.expiring = True
-        self._resolve_dedup(dd.settings(pol.effective(args, policy, "message-deduplication"),
-                                        pol.effective(args, policy, "cache-size"),
-                                        pol.effective(args, policy, "cache-ttl")))
+        self._resolve_dedup(dd.settings(*settings.deduplication))
 
     def _resolve_dedup(self, conf) -> None:
         """Deduplication on, off or resized; a durable queue's ids are kept in (and were

@@ -1,11 +1,12 @@
 """A queue's x- arguments: the type they declare and the checks RabbitMQ makes of them."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
 from ..protocol.replies import AMQPError, ReplyCode
+from . import policy as pol
 
 OVERFLOW_DROP_HEAD = "drop-head"
 OVERFLOW_REJECT_PUBLISH = "reject-publish"
@@ -36,6 +37,40 @@ def field_type(value: object) -> str:
     if isinstance(value, list):
         return "array"
     return "void" if value is None else type(value).__name__
+
+
+class Limits(NamedTuple):
+    """A queue's effective settings, from its x- arguments and its policy (see policy.py)."""
+    max_length: int | None
+    max_length_bytes: int | None
+    overflow: str
+    ttl: Any
+    expires: Any
+    delivery_limit: Any
+    dlx: Any
+    dlx_routing_key: Any
+    dead_letter_strategy: Any
+    deduplication: tuple[Any, Any, Any]     # message-deduplication, cache-size, cache-ttl
+
+
+NO_LIMITS = Limits(None, None, OVERFLOW_DROP_HEAD, None, None, None, None, None, None, (None, None, None))
+_KEYS = ("max-length", "max-length-bytes", "overflow", "message-ttl", "expires", "delivery-limit",
+         "dead-letter-exchange", "dead-letter-routing-key", "dead-letter-strategy", "message-deduplication",
+         "cache-size", "cache-ttl")
+_ARGUMENTS = frozenset("x-" + key for key in _KEYS)
+
+
+def limits(arguments: dict[str, Any], policy: dict[str, Any]) -> Limits:
+    """The settings in force. Most queues have neither such an argument nor a policy, and get
+    NO_LIMITS at once: a node restarting with 100,000 queues builds every one."""
+    if not policy and arguments.keys().isdisjoint(_ARGUMENTS):
+        return NO_LIMITS
+    got = {key: pol.effective(arguments, policy, key) for key in _KEYS}
+    return Limits(int_arg({"x-max-length": got["max-length"]}, "x-max-length"),
+                  int_arg({"x-max-length-bytes": got["max-length-bytes"]}, "x-max-length-bytes"),
+                  got["overflow"] or OVERFLOW_DROP_HEAD, got["message-ttl"], got["expires"], got["delivery-limit"],
+                  got["dead-letter-exchange"], got["dead-letter-routing-key"], got["dead-letter-strategy"],
+                  (got["message-deduplication"], got["cache-size"], got["cache-ttl"]))
 
 
 def int_arg(arguments: dict[str, Any], name: str) -> int | None:
