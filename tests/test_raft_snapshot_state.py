@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from haremq.cluster.metadata import MetadataMachine, SnapshotRefused
+from haremq.cluster.metadata import MetadataMachine
+from haremq.cluster.raft.shell import SnapshotRefused
 from haremq.cluster.mirroring.manager import Mirroring
 from haremq.cluster.raft.storage import RaftStorage
 from haremq.node.broker.broker import Broker

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+EPOCH_KEY_BITS = 40    # a master of epoch E numbers new messages from E << 40 (keys are uint64)
+
 def mirror_nodes(definition: dict | None, home: str, members: list[str]) -> list[str]:
     """The nodes other than `home` that should hold a mirror, in a fixed order."""
     if not definition or "ha-mode" not in definition:

@@ -1,0 +1,172 @@
+"""A snapshot of the replicated metadata: cluster/raft/shell.py compacts the Raft log with it.
+
+`capture` takes the state every member holds after the last entry applied
+(vhosts, users, permissions, policies, exchanges, queues with their home and
+store id, bindings, each mirrored queue's record, the members added and
+forgotten, who restarted and was marked down when) as plain values on the
+loop, and encodes it in a thread; `restore` builds it again as replaying the
+entries would, acting on nothing: it is history until this node applies its
+own node.restarted, as a replay is. A queue that no longer exists (an
+exclusive or server-named queue gone with its connection) is in no snapshot,
+so once compacted it leaves nothing on disk.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from haremq.node.broker import commands as C
+from haremq.node.broker import policy as policies
+from haremq.node.broker.exchange import Exchange, ExchangeType
+from haremq.node.broker.permissions import Permission
+from haremq.node.broker.vhost import VHost
+from haremq.node.protocol.tables import decode_table, encode_table
+
+from haremq.cluster.mirroring.policy import EPOCH_KEY_BITS, HAState
+from haremq.cluster.raft.json_slices import dumps_in_slices
+from haremq.cluster.raft.shell import SnapshotRefused
+
+if TYPE_CHECKING:
+    from haremq.cluster.metadata import MetadataMachine
+
+SNAPSHOT_VERSION = 1
+
+
+def capture(machine: MetadataMachine) -> tuple[Callable[[], bytes], int]:
+    """The state after the last entry applied, captured now (on the loop) as plain values:
+    (encode, records), encode() giving the JSON bytes (it runs in a thread, so nothing it
+    reads may change meanwhile: every list and dict here is a copy), records its size."""
+    broker = machine.broker
+    states = machine.mirroring.states if machine.mirroring is not None else {}
+    vhosts = []
+    records = 0
+    for vname, vhost in broker.vhosts.items():
+        exchanges = [(x.name, x.type.value, x.durable, x.auto_delete, x.internal,
+                      dict(x.arguments) if x.arguments else None) for x in vhost.exchanges.values()]
+        queues = []
+        for q in vhost.queues.values():
+            state = states.get((vname, q.name))
+            if q.remote:
+                home, store_id = q.home, state.store_id if state is not None else 0
+            else:
+                home, store_id = machine.node, q.store_id
+            queues.append((q.name, q.durable, q.auto_delete, dict(q.arguments) if q.arguments else None,
+                           getattr(q.exclusive_owner, "key", None), home, store_id))
+        bindings = [(x.name, "exchange" if isinstance(d, Exchange) else "queue", d.name, key, args or None)
+                    for x in vhost.exchanges.values() for d, key, args in x.bindings()]
+        policy_rows = [p.as_json(vname) for p in vhost.policies.values()]
+        vhosts.append((vname, policy_rows, exchanges, queues, bindings))
+        records += 1 + len(policy_rows) + len(exchanges) + len(queues) + len(bindings)
+    ha = [(st.vhost, st.name, st.home, st.epoch, dict(st.definition), list(st.mirrors), list(st.synced),
+           st.durable, st.store_id, list(st.group) if st.group is not None else None)
+          for st in states.values()]
+    users = [(u.name, u.password_hash, u.algorithm, list(u.tags)) for u in broker.users.all()]
+    permissions = broker.list_permissions()
+    records += len(ha) + len(users) + len(permissions)
+    rest = {"returned": dict(machine.returned), "down": dict(machine.down), "members": dict(machine.members),
+            "settings": {k: list(v) for k, v in machine.settings.items()},
+            "incarnations": dict(machine.mirroring.incarnations) if machine.mirroring is not None else {},
+            "stopping": sorted(machine.mirroring.stopping) if machine.mirroring is not None else []}
+
+    def table(args) -> str | None:
+        return encode_table(args) if args else None
+
+    def encode() -> bytes:
+        doc = {"version": SNAPSHOT_VERSION, "records": records, **rest, "users": users,
+               "permissions": permissions, "ha": ha,
+               "vhosts": [{"name": vname, "policies": policy_rows,
+                           "exchanges": [(*x[:5], table(x[5])) for x in exchanges],
+                           "queues": [(q[0], q[1], q[2], table(q[3]), *q[4:]) for q in queues],
+                           "bindings": [(*b[:4], table(b[4])) for b in bindings]}
+                          for vname, policy_rows, exchanges, queues, bindings in vhosts]}
+        return dumps_in_slices(doc)      # in a thread: the loop gets the GIL between slices
+    return encode, records
+
+
+def restore(machine: MetadataMachine, index: int, state: dict) -> None:
+    """Build the state a snapshot holds (decoded), as replaying the entries up to `index`
+    would, acting on nothing (SnapshotRefused once this node serves clients: its state is
+    live). What the state held before goes, the messages of queues mastered here back among
+    the recovered ones, as `_become_remote` leaves them while replaying. A snapshot that
+    holds this node's node.restarted of this incarnation ends the replay, as the entry would."""
+    if not machine.replaying:
+        raise SnapshotRefused(f"a snapshot up to entry {index} arrived while this node serves clients")
+    if state.get("version") != SNAPSHOT_VERSION:
+        raise ValueError(f"unknown metadata snapshot version {state.get('version')}")
+    broker = machine.broker
+    for vhost in broker.vhosts.values():
+        for queue in vhost.queues.values():
+            if not queue.remote and queue.store_id:
+                ids = queue.let_go()
+                if ids:
+                    machine.recovered[queue.store_id] = ids
+    # the members as of the snapshot, first: placement reads them
+    machine.members = dict(state["members"])
+    for name, address in machine.members.items():
+        if address is not None:
+            if machine.on_add is not None:
+                machine.on_add(name, address)
+        elif name == machine.node:
+            if machine.on_removed is not None:
+                machine.on_removed(None)
+        elif machine.on_forget is not None:
+            machine.on_forget(name)
+    broker.users.clear()
+    for name, password_hash, algorithm, tags in state["users"]:
+        broker.users.add_hashed(name, password_hash, algorithm, tags)
+    broker.permissions = {(p["user"], p["vhost"]): Permission(p["configure"], p["write"], p["read"])
+                          for p in state["permissions"]}
+    broker.vhosts.clear()
+    for v in state["vhosts"]:
+        vhost = broker.vhosts[v["name"]] = VHost(v["name"], broker)
+        for p in v["policies"]:
+            vhost.policies[p["name"]] = policies.validate(p["name"], p["pattern"], p["definition"],
+                                                          p["priority"], p["apply-to"])
+        for name, kind, durable, auto_delete, internal, args in v["exchanges"]:
+            if name not in vhost.exchanges:
+                vhost._add_exchange(Exchange(name, ExchangeType(kind), durable=durable, auto_delete=auto_delete,
+                                             internal=internal, arguments=decode_table(args) if args else {}))
+        for name, durable, auto_delete, args, owner_key, home, store_id in v["queues"]:
+            arguments = decode_table(args) if args else {}
+            owner = machine._owner(owner_key)
+            if home == machine.node:
+                queue = vhost.add_queue(name, durable, owner, auto_delete, arguments, store_id)
+                if store_id in machine.recovered:
+                    queue.restore(machine.recovered.pop(store_id))
+            else:
+                # a vhost's queues are typed as Queue; a RemoteQueue stands in them (QueuePort)
+                vhost.queues[name] = machine._remote_queue(  # type: ignore[assignment]
+                    vhost, name, home, durable, owner, auto_delete, arguments)
+        for source, kind, destination, key, args in v["bindings"]:
+            exchange = vhost.exchanges.get(source)
+            target = (vhost.queues if kind == "queue" else vhost.exchanges).get(destination)
+            if exchange is not None and target is not None:
+                exchange.bind(target, key, decode_table(args) if args else {})
+    machine.returned = dict(state["returned"])
+    machine.down = dict(state["down"])
+    for method, args in state.get("settings", {}).items():
+        call = C.admin_method(broker, method)
+        machine.settings[method] = list(args)
+        if call is not None and broker.resources is not None:
+            try:
+                call(*args)
+            except (ValueError, KeyError, LookupError) as exc:
+                machine.log.warning("a setting in the snapshot does not apply", method=method, error=str(exc))
+    mirroring = machine.mirroring
+    if mirroring is not None:
+        mirroring.states.clear()
+        for vname, name, home, epoch, definition, mirrors, synced, durable, store_id, group in state["ha"]:
+            mirroring.states[(vname, name)] = HAState(vname, name, home, epoch, definition, mirrors, synced,
+                                                      durable, store_id, group)
+        mirroring.incarnations = dict(state["incarnations"])
+        mirroring.stopping = set(state["stopping"])
+        for st in list(mirroring.states.values()):
+            vhost = broker.vhosts.get(st.vhost)
+            queue = vhost.queues.get(st.name) if vhost is not None else None
+            if queue is not None and not queue.remote and st.epoch > 1:
+                # it became master here by a promotion, as _become_master numbers its messages
+                queue.next_seq = max(queue.next_seq, st.epoch << EPOCH_KEY_BITS)
+            mirroring._take_part(st)
+    machine.log.info("metadata snapshot loaded", index=index, records=state.get("records", 0),
+                  queues=sum(len(v.queues) for v in broker.vhosts.values()))
+    if mirroring is not None and mirroring.incarnations.get(machine.node) == machine.incarnation:
+        machine._replayed(index)
