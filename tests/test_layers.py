@@ -7,6 +7,11 @@
 2. Imports go down the layers only: the broker (node/) imports nothing from the cluster
    (cluster/) or the benchmarks (bench/), and the cluster nothing from the benchmarks. Here
    every import counts, `TYPE_CHECKING` ones too.
+3. The broker and the cluster meet in one place: the assembly at the top of cluster/
+   (cluster/assembly.py, and the `haremq` command that runs it, cluster/cli.py) is the only
+   module of the cluster that imports the application (node/app.py's Node, the command's
+   parts in node/); the rest of the cluster uses the broker's pieces, never the node that
+   assembles them.
 """
 from __future__ import annotations
 
@@ -23,6 +28,10 @@ BELOW_OF = {"node": {"cluster", "bench"}, "cluster": {"bench"}}
 # node sit at the top of cluster/ (cluster/cli.py, cluster/assembly.py), and the load tool
 # `haremq perf` with them (cluster/perf/). Nothing goes in.
 ALLOWED_UP: set[tuple[str, str]] = set()
+
+
+ASSEMBLY = {"haremq.cluster.assembly", "haremq.cluster.cli"}
+APPLICATION = {"haremq.node.app", "haremq.node.ctl", "haremq.node.local_cluster", "haremq.node.health"}
 
 
 def module_name(path: Path) -> str:
@@ -130,6 +139,12 @@ def test_the_allow_list_holds_only_what_exists():
     graph = import_graph(runtime_only=False)
     stale = {(module, up) for module, up in ALLOWED_UP if not any(layer(t) == up for t in graph.get(module, ()))}
     assert not stale, f"ALLOWED_UP names imports that no longer exist: {sorted(stale)}"
+
+
+def test_only_the_assembly_imports_the_application():
+    offenders = {module: sorted(targets & APPLICATION) for module, targets in import_graph(runtime_only=False).items()
+                 if layer(module) == "cluster" and module not in ASSEMBLY}
+    assert not {module: found for module, found in offenders.items() if found}
 
 
 def test_a_cycle_is_found_and_reported():
