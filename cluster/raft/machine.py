@@ -330,14 +330,22 @@ class RaftMachine:
                                                   entries, self.commit_index))
         progress.in_flight, progress.sent_at, progress.lost_after = True, now, APPEND_LOST
 
-    def on_append_reply(self, request: AppendRequest, reply: AppendReply, now: float) -> Ready:
+    def _answered(self, request: AppendRequest | SnapshotRequest, reply: AppendReply) -> Progress | None:
+        """The follower's progress, its request no longer in flight, if this reply is to a request
+        of ours in this term; None otherwise (a higher term in it deposes us)."""
         if reply.term > self.term:
             self._step_down(reply.term)
-            return self._take()
+            return None
         progress = self.progress.get(request.to)
         if self.role != "leader" or self.term != request.term or progress is None:
-            return self._take()
+            return None
         progress.in_flight = False
+        return progress
+
+    def on_append_reply(self, request: AppendRequest, reply: AppendReply, now: float) -> Ready:
+        progress = self._answered(request, reply)
+        if progress is None:
+            return self._take()
         if reply.success:
             self.told_commit[request.to] = min(request.leader_commit, reply.match_index)
             progress.match_index = reply.match_index
@@ -355,13 +363,9 @@ class RaftMachine:
     def on_snapshot_reply(self, request: SnapshotRequest, reply: AppendReply, now: float) -> Ready:
         """The follower took the snapshot (or held its entries already): it matches the leader
         up to the snapshot's last index, and the entries after it follow."""
-        if reply.term > self.term:
-            self._step_down(reply.term)
+        progress = self._answered(request, reply)
+        if progress is None:
             return self._take()
-        progress = self.progress.get(request.to)
-        if self.role != "leader" or self.term != request.term or progress is None:
-            return self._take()
-        progress.in_flight = False
         if not reply.success:
             progress.retry_at = progress.heartbeat_at = now + HEARTBEAT
             return self._take()
@@ -405,10 +409,14 @@ class RaftMachine:
         if self.leader != leader:
             self.log.info("raft leader is", leader=leader, term=term)
         self.leader = leader
-        self.leader_heard = now
-        self.deadline = self._new_deadline(now)
+        self._heard_leader(now)
         self.election = None            # a leader is in charge: our pre-vote, if any, is moot
         return True
+
+    def _heard_leader(self, now: float) -> None:
+        """The leader's silence, and our election timer, count from now."""
+        self.leader_heard = now
+        self.deadline = self._new_deadline(now)
 
     def answered_leader(self, term: int, leader: str, now: float) -> None:
         """Our answer to the leader's append or snapshot has just gone, after its entries were
@@ -418,8 +426,7 @@ class RaftMachine:
         timeout called elections against a leader that was waiting for it (a cluster declaring
         100,000 queues changed leader every few seconds)."""
         if self.role == "follower" and self.term == term and self.leader == leader:
-            self.leader_heard = now
-            self.deadline = self._new_deadline(now)
+            self._heard_leader(now)
 
     def on_append_request(self, request: AppendRequest, now: float) -> Ready:
         if not self._follow(request.term, request.leader, now):

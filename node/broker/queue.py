@@ -79,8 +79,8 @@ class Queue:
         (self.max_length, self.max_length_bytes, self.overflow, self.ttl, self.expires, self.delivery_limit,
          self.dlx, self.dlx_routing_key) = settings[:8]
         self.dead_letter = self._dead_letter_handler if self.dlx is not None else None
-        self.at_least_once = settings.dead_letter_strategy is not None and at_least_once(
-            settings.dead_letter_strategy, self.persist_all, self.dlx, self.overflow, self.describe())
+        self.at_least_once = at_least_once(settings.dead_letter_strategy, self.persist_all, self.dlx, self.overflow,
+                                           self.describe)
         if self.ttl is not None:
             self.expiring = True
         self._resolve_dedup(dd.settings(*settings.deduplication))

@@ -1,7 +1,7 @@
 """A queue's x- arguments: the type they declare and the checks RabbitMQ makes of them."""
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import structlog
 
@@ -84,17 +84,17 @@ def int_arg(arguments: dict[str, Any], name: str) -> int | None:
     return value
 
 
-def at_least_once(strategy: object, quorum: bool, dlx: object, overflow: str, described: str) -> bool:
+def at_least_once(strategy: object, quorum: bool, dlx: object, overflow: str, described: Callable[[], str]) -> bool:
     """x-dead-letter-strategy at-least-once, as RabbitMQ 3.10 honours it: on a quorum queue with
     a dead-letter exchange and x-overflow reject-publish; else at-most-once, and it says why."""
     if strategy != "at-least-once" or not quorum:
         return False
     if dlx is None:
-        log.warning(f"Disabling dead-lettering for {described} despite configured "
+        log.warning(f"Disabling dead-lettering for {described()} despite configured "
                     f"dead-letter-strategy '{strategy}' because dead-letter-exchange is not configured.")
         return False
     if overflow != OVERFLOW_REJECT_PUBLISH:
-        log.warning(f"Falling back to dead-letter-strategy at-most-once for {described} because "
+        log.warning(f"Falling back to dead-letter-strategy at-most-once for {described()} because "
                     "configured dead-letter-strategy at-least-once is incompatible with effective overflow "
                     "strategy drop-head. To enable dead-letter-strategy at-least-once, set overflow "
                     "strategy to reject-publish.")
