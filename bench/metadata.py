@@ -452,12 +452,14 @@ def bucket_rates(samples: list[tuple], batch: int, bucket: int, total: int) -> d
     first = [sum(x) for x in zip(*samples[:per])]
     last = [sum(x) for x in zip(*samples[-per:])]
     wall = sum(s[0] for s in samples)
+    buckets = [sum(s[0] for s in samples[i:i + per]) for i in range(0, len(samples), per)]
     return {"all": total / wall if wall else 0.0,
             "first": n / first[0] if first[0] else 0.0, "last": n / last[0] if last[0] else 0.0,
             "first_over_last": (last[0] / first[0]) if first[0] else 0.0,
             "cpu_ms_first": 1000 * first[1] / n, "cpu_ms_last": 1000 * last[1] / n,
             "cpu_last_over_first": (last[1] / first[1]) if first[1] else 0.0,
-            "written_first": first[2] / n, "written_last": last[2] / n}
+            "written_first": first[2] / n, "written_last": last[2] / n,
+            "bucket_seconds": [round(b, 4) for b in buckets]}
 
 
 async def settle(pid: int | None, quiet: float = 1.0, timeout: float = 60) -> None:

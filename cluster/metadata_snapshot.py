@@ -22,7 +22,7 @@ from haremq.node.broker.vhost import VHost
 from haremq.node.protocol.tables import decode_table, encode_table
 
 from haremq.cluster.mirroring.policy import EPOCH_KEY_BITS, HAState
-from haremq.cluster.raft.json_slices import dumps_in_slices
+from haremq.cluster.raft.json_slices import Rows, dumps_in_slices
 from haremq.cluster.raft.shell import SnapshotRefused
 
 if TYPE_CHECKING:
@@ -34,7 +34,11 @@ SNAPSHOT_VERSION = 1
 def capture(machine: MetadataMachine) -> tuple[Callable[[], bytes], int]:
     """The state after the last entry applied, captured now (on the loop) as plain values:
     (encode, records), encode() giving the JSON bytes (it runs in a thread, so nothing it
-    reads may change meanwhile: every list and dict here is a copy), records its size."""
+    reads may change meanwhile: every list and dict here is a copy), records its size.
+    Queues, bindings and mirrored-queue records are copied as columns, a few lists of
+    strings and numbers, and made into rows only as encode() writes them (json_slices.Rows):
+    one tuple per queue held here outlives two garbage collections and, at 100,000 queues,
+    brings on a full one, which stops the node for a second."""
     broker = machine.broker
     states = machine.mirroring.states if machine.mirroring is not None else {}
     vhosts = []
@@ -42,26 +46,15 @@ def capture(machine: MetadataMachine) -> tuple[Callable[[], bytes], int]:
     for vname, vhost in broker.vhosts.items():
         exchanges = [(x.name, x.type.value, x.durable, x.auto_delete, x.internal,
                       dict(x.arguments) if x.arguments else None) for x in vhost.exchanges.values()]
-        queues = []
-        for q in vhost.queues.values():
-            state = states.get((vname, q.name))
-            if q.remote:
-                home, store_id = q.home, state.store_id if state is not None else 0
-            else:
-                home, store_id = machine.node, q.store_id
-            queues.append((q.name, q.durable, q.auto_delete, dict(q.arguments) if q.arguments else None,
-                           getattr(q.exclusive_owner, "key", None), home, store_id))
-        bindings = [(x.name, "exchange" if isinstance(d, Exchange) else "queue", d.name, key, args or None)
-                    for x in vhost.exchanges.values() for d, key, args in x.bindings()]
+        queues = _queue_columns(machine, vname, vhost, states)
+        bindings = _binding_columns(vhost)
         policy_rows = [p.as_json(vname) for p in vhost.policies.values()]
         vhosts.append((vname, policy_rows, exchanges, queues, bindings))
-        records += 1 + len(policy_rows) + len(exchanges) + len(queues) + len(bindings)
-    ha = [(st.vhost, st.name, st.home, st.epoch, dict(st.definition), list(st.mirrors), list(st.synced),
-           st.durable, st.store_id, list(st.group) if st.group is not None else None)
-          for st in states.values()]
+        records += 1 + len(policy_rows) + len(exchanges) + len(queues[0]) + len(bindings[0])
+    ha = _ha_columns(states)
     users = [(u.name, u.password_hash, u.algorithm, list(u.tags)) for u in broker.users.all()]
     permissions = broker.list_permissions()
-    records += len(ha) + len(users) + len(permissions)
+    records += len(ha[0]) + len(users) + len(permissions)
     rest = {"returned": dict(machine.returned), "down": dict(machine.down), "members": dict(machine.members),
             "settings": {k: list(v) for k, v in machine.settings.items()},
             "incarnations": dict(machine.mirroring.incarnations) if machine.mirroring is not None else {},
@@ -70,16 +63,89 @@ def capture(machine: MetadataMachine) -> tuple[Callable[[], bytes], int]:
     def table(args) -> str | None:
         return encode_table(args) if args else None
 
+    def queue_row(name, durable, auto_delete, args, owner, home, store_id) -> tuple:
+        return name, durable, auto_delete, table(args), owner, home, store_id
+
+    def binding_row(source, kind, destination, key, args) -> tuple:
+        return source, kind, destination, key, table(args)
+
+    def ha_row(vname, name, home, epoch, definition, mirrors, synced, durable, store_id, group) -> tuple:
+        return (vname, name, home, epoch, definition or {}, list(mirrors), list(synced), durable, store_id,
+                list(group) if group is not None else None)
+
     def encode() -> bytes:
         doc = {"version": SNAPSHOT_VERSION, "records": records, **rest, "users": users,
-               "permissions": permissions, "ha": ha,
+               "permissions": permissions, "ha": Rows.of(ha, ha_row),
                "vhosts": [{"name": vname, "policies": policy_rows,
                            "exchanges": [(*x[:5], table(x[5])) for x in exchanges],
-                           "queues": [(q[0], q[1], q[2], table(q[3]), *q[4:]) for q in queues],
-                           "bindings": [(*b[:4], table(b[4])) for b in bindings]}
+                           "queues": Rows.of(queues, queue_row),
+                           "bindings": Rows.of(bindings, binding_row)}
                           for vname, policy_rows, exchanges, queues, bindings in vhosts]}
         return dumps_in_slices(doc)      # in a thread: the loop gets the GIL between slices
     return encode, records
+
+
+def _queue_columns(machine: MetadataMachine, vname: str, vhost: VHost, states: dict) -> tuple[list, ...]:
+    """name, durable, auto_delete, arguments (a copy, or None), exclusive owner's key, home,
+    store id: one list each."""
+    names: list = []
+    durables: list = []
+    auto_deletes: list = []
+    arguments: list = []
+    owners: list = []
+    homes: list = []
+    store_ids: list = []
+    node = machine.node
+    for q in vhost.queues.values():
+        names.append(q.name)
+        durables.append(q.durable)
+        auto_deletes.append(q.auto_delete)
+        arguments.append(dict(q.arguments) if q.arguments else None)
+        owners.append(getattr(q.exclusive_owner, "key", None))
+        if q.remote:
+            state = states.get((vname, q.name))
+            homes.append(q.home)
+            store_ids.append(state.store_id if state is not None else 0)
+        else:
+            homes.append(node)
+            store_ids.append(q.store_id)
+    return names, durables, auto_deletes, arguments, owners, homes, store_ids
+
+
+def _binding_columns(vhost: VHost) -> tuple[list, ...]:
+    """source, "exchange" or "queue", destination, routing key, arguments (or None)."""
+    sources: list = []
+    kinds: list = []
+    destinations: list = []
+    keys: list = []
+    arguments: list = []
+    for x in vhost.exchanges.values():
+        for d, key, args in x.bindings():
+            sources.append(x.name)
+            kinds.append("exchange" if isinstance(d, Exchange) else "queue")
+            destinations.append(d.name)
+            keys.append(key)
+            arguments.append(args or None)
+    return sources, kinds, destinations, keys, arguments
+
+
+def _ha_columns(states: dict) -> tuple[list, ...]:
+    """Each mirrored queue's record, a column per field; a list field as a tuple (an empty one
+    is no new object)."""
+    columns: tuple[list, ...] = tuple([] for _ in range(10))
+    (vhosts, names, homes, epochs, definitions, mirrors, synced, durables, store_ids, groups) = columns
+    for st in states.values():
+        vhosts.append(st.vhost)
+        names.append(st.name)
+        homes.append(st.home)
+        epochs.append(st.epoch)
+        definitions.append(dict(st.definition) if st.definition else None)
+        mirrors.append(tuple(st.mirrors))
+        synced.append(tuple(st.synced))
+        durables.append(st.durable)
+        store_ids.append(st.store_id)
+        groups.append(tuple(st.group) if st.group is not None else None)
+    return columns
 
 
 def restore(machine: MetadataMachine, index: int, state: dict) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import structlog
 
 from .broker.broker import Broker
+from .gc_pauses import GCPauses
 from .management.cluster_view import ClusterView
 from .server import AMQPServer
 from .store.store import MessageStore
@@ -96,6 +97,7 @@ class Node:
         self._stopped = asyncio.Event()
         self.failure: str | None = None     # why the node stopped by itself, if it did
         self.tasks = TaskGroup(f"node {config.name}")   # a stop asked for by a signal or a failure
+        self.gc_pauses = GCPauses(config.name)
 
     async def __aenter__(self) -> "Node":
         await self.start()
@@ -105,6 +107,7 @@ class Node:
         await self.stop()
 
     async def start(self) -> None:
+        self.gc_pauses.install()
         self._default_user()
         await self._load_definitions()
         await self._start_management()      # a management port in use stops the node before AMQP opens
@@ -183,6 +186,7 @@ class Node:
         await self.cluster.stop()
         await self.store.close()
         await self.tasks.close()      # but the stop running this, if a signal or failure started it
+        self.gc_pauses.remove()
         self.log.info("node stopped")
         self._stopped.set()
 

@@ -50,3 +50,18 @@ def test_a_thread_encoding_a_large_snapshot_lets_the_loop_run(monkeypatch):
     assert body == whole(doc)
     assert max(calls) <= 50                     # no call was handed more than a slice
     assert ticks > 1                            # and the loop ran while the thread encoded
+
+
+def test_rows_kept_as_columns_encode_as_the_list_of_rows():
+    """A snapshot's queues are captured as columns and made into rows a slice at a time."""
+    from haremq.cluster.raft.json_slices import Rows
+    names = [f"q{i}" for i in range(2 * SLICE + 3)]
+    flags = [i % 2 == 0 for i in range(len(names))]
+    rows = list(zip(names, flags))
+    for n in (0, 1, SLICE, len(names)):
+        doc = {"queues": Rows.of([names[:n], flags[:n]]), "after": [1]}
+        assert dumps_in_slices(doc) == whole({"queues": rows[:n], "after": [1]})
+    made = Rows.of([names, flags], lambda name, flag: [name.upper(), not flag])
+    assert dumps_in_slices(made) == whole([[name.upper(), not flag] for name, flag in rows])
+    assert made.rows() == [[name.upper(), not flag] for name, flag in rows]
+    assert dumps_in_slices(Rows.of([])) == b"[]"
