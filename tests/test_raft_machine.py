@@ -311,19 +311,20 @@ def test_under_loss_and_partitions_the_nodes_apply_the_same_sequence(seed):
 
 # ---- one machine, messages fed by hand ---------------------------------------------------------------
 class Fixed:
-    """A membership view that does not change: all peers up."""
+    """A membership view that does not change: all peers up, but those a test puts `down`."""
 
     def __init__(self, name, peers):
         self.name, self.peers = name, set(peers)
+        self.down: set[str] = set()
 
     size = property(lambda self: len(self.peers) + 1)
     has_majority = True
 
     def is_up(self, name):
-        return True
+        return name not in self.down
 
     def up_members(self):
-        return [self.name, *sorted(self.peers)]
+        return [self.name, *sorted(self.peers - self.down)]
 
 
 def machine(name="a", peers=("b", "c"), terms=(), term=0) -> RaftMachine:
@@ -424,13 +425,32 @@ def test_a_follower_slow_to_answer_counts_the_leaders_silence_from_its_answer():
     assert not [m for m in ready.messages if isinstance(m, VoteRequest)] and f.role == "follower"
     assert f.hears_from_leader(answered + ELECTION_MIN / 2)
     later = answered + ELECTION_MAX + 0.01       # and now the leader really is silent
+    f.members.down.add("a")                      # and the failure detector counts it down
     ready = f.tick(later)
     assert sorted(m.to for m in ready.messages if isinstance(m, VoteRequest) and m.pre_vote) == ["a", "c"]
     f2 = machine("b", ("a", "c"), term=5)       # an answer in an older term, or to another leader, counts for nothing
     f2.on_append_request(AppendRequest("b", 5, "a", 0, 0), 10.0)
     f2.answered_leader(4, "a", answered)
     f2.answered_leader(5, "c", answered)
-    assert [m for m in f2.tick(answered).messages if isinstance(m, VoteRequest)]
+    assert not f2.hears_from_leader(answered) and f2.deadline < answered
+
+
+def test_a_silent_leader_the_failure_detector_still_hears_is_not_deposed():
+    """A leader whose loop is held up (a full garbage collection at 100,000 queues, a long batch
+    to write and apply) sends nothing for longer than an election timeout but still answers the
+    failure detector: its followers wait. Once it is counted down they stand, in turn."""
+    f = machine("b", ("a", "c"), term=5)
+    f.on_append_request(AppendRequest("b", 5, "a", 0, 0), 10.0)
+    for step in range(1, 40):                    # 4 s of silence
+        ready = f.tick(10.0 + step * 0.1)
+        assert not ready.messages and f.role == "follower" and f.leader == "a" and f.term == 5
+    f.members.down.add("a")
+    now = 14.0
+    while not ready.messages:
+        now += 0.01
+        ready = f.tick(now)
+    assert now < 14.0 + 0.3                      # its turn among the survivors, not a full timeout
+    assert sorted(m.to for m in ready.messages if isinstance(m, VoteRequest) and m.pre_vote) == ["a", "c"]
 
 
 def test_a_cluster_of_one_leads_and_commits_on_its_own():

@@ -133,9 +133,19 @@ class RaftMachine:
             # at random: two candidates within one vote's round trip split the vote, and
             # the retry would wait a full election timeout (the slow failovers, issue 16)
             self.deadline = min(self.deadline, now + self._stagger(self.leader))
+        elif now > self.deadline and self._leader_alive():
+            # silent, but the failure detector still hears it: a leader whose loop was held up
+            # (a garbage collection, a long batch to write and apply) is not deposed for it.
+            # One that stopped answering is counted down within the failure timeout, and the
+            # branch above then has us stand in turn.
+            self.deadline = self._new_deadline(now)
         if now > self.deadline and self.members.has_majority and not self._electing(now):
             self._campaign(now, pre_vote=True)
         return self._take()
+
+    def _leader_alive(self) -> bool:
+        """A leader other than us is known and the failure detector still counts it up."""
+        return bool(self.leader) and self.leader != self.name and self.members.is_up(self.leader)
 
     def leader_gone(self) -> bool:
         """A leader other than us is known, and the failure detector sees it down."""
