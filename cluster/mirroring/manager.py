@@ -46,6 +46,10 @@ class Mirroring:
         self.broker = node.broker
         self.log = structlog.get_logger("haremq.mirroring").bind(node=node.name)
         self.states: dict[tuple[str, str], HAState] = {}
+        # the states that have mirrors (entries may be stale; checked against `states`): the
+        # leader's watch looks only at these. A round over every state, 50 a second, took a
+        # fifth of the leader's CPU at 100,000 queues.
+        self.mirrored: dict[tuple[str, str], HAState] = {}
         self.replicators: dict[tuple[str, str], Replicator] = {}
         self.mirrors: dict[tuple[str, str], MirrorQueue] = {}
         self.stopping: set[str] = set()      # nodes that said they are shutting down
@@ -112,6 +116,7 @@ class Mirroring:
     def deleted(self, vhost: str, name: str) -> None:
         key = (vhost, name)
         self.states.pop(key, None)
+        self.mirrored.pop(key, None)
         replicator = self.replicators.pop(key, None)
         if replicator is not None:
             replicator.close(True)       # RabbitMQ confirms publishes to a queue deleted meanwhile
@@ -175,6 +180,10 @@ class Mirroring:
 
     def _take_part(self, state: HAState) -> None:
         key = state.key
+        if state.mirrors:
+            self.mirrored[key] = state
+        else:
+            self.mirrored.pop(key, None)
         queue = self._queue(state)
         remote = queue if queue is not None and queue.remote else None
         if remote is not None:
@@ -365,8 +374,11 @@ class Mirroring:
         if self.cluster.raft.role != "leader" or not self.cluster.membership.has_majority:
             return
         membership = self.cluster.membership
-        for state in list(self.states.values()):
-            if not state.mirrors or state.home == self.node:
+        for key, state in list(self.mirrored.items()):
+            if self.states.get(key) is not state or not state.mirrors:
+                del self.mirrored[key]       # deleted, replaced (a snapshot loaded) or no longer mirrored
+                continue
+            if state.home == self.node:
                 continue
             if not membership.agreed_down(state.home):
                 if not membership.is_up(state.home):
