@@ -47,10 +47,10 @@ class FullDisk(RaftStorage):
 
     full = False
 
-    def write(self, write):
-        if self.full:
+    def _append(self, writes):
+        if self.full and writes:
             raise OSError(errno.ENOSPC, "No space left on device")
-        super().write(write)
+        super()._append(writes)
 
 
 def entry(index, term, op="x"):
@@ -120,6 +120,45 @@ def test_a_leader_whose_log_write_fails_commits_and_applies_nothing_after_it(tmp
     assert [c["op"] for _i, c in applied] == ["noop", "first"]
     assert len(failures) == 1
     assert [json.loads(c)["op"] for _t, c in RaftStorage(tmp_path / "raft").entries] == ["noop", "first"]
+
+
+class CountedDisk(RaftStorage):
+    """Counts the log appends made (each one fsync)."""
+
+    def __init__(self, directory):
+        super().__init__(directory)
+        self.appends: list[int] = []
+
+    def _append(self, writes):
+        import time
+        time.sleep(0.005)                 # an fsync's worth: steps pile up meanwhile
+        self.appends.append(sum(len(w.entries) for w in writes))
+        super()._append(writes)
+
+
+def test_proposals_waiting_their_turn_are_written_together_in_order(tmp_path):
+    """Group commit: 200 clients declaring at once had the leader write and fsync each proposal
+    alone, one after another. The steps waiting for the write lock go in one append and fsync,
+    in step order, and each is applied (and answered) only once its entries are on disk."""
+    async def scenario():
+        storage = CountedDisk(tmp_path / "raft")
+        applied = []
+
+        def apply(index, command):
+            on_disk = [i for i, _line in enumerate((tmp_path / "raft" / "log.jsonl").read_text().splitlines(), 1)]
+            assert index in on_disk, f"entry {index} applied before it was written"
+            applied.append(json.loads(command)["op"])
+        raft = Raft("hare1", Members("hare1", []), storage, apply)
+        await raft.start()
+        try:
+            await asyncio.gather(*(raft.propose({"op": f"c{i}"}) for i in range(100)))
+        finally:
+            await raft.stop()
+        return storage, applied
+    storage, applied = asyncio.run(scenario())
+    assert applied == ["noop", *(f"c{i}" for i in range(100))]
+    assert sum(storage.appends) == 101 and len(storage.appends) < 20, storage.appends
+    assert [json.loads(c)["op"] for _t, c in RaftStorage(tmp_path / "raft").entries] == applied
 
 
 def test_a_failed_vote_write_gives_no_vote(tmp_path):
@@ -409,10 +448,10 @@ class SlowDisk(RaftStorage):
 
     delay = 0.0
 
-    def write(self, write):
+    def _append(self, writes):
         import time
         time.sleep(self.delay)
-        super().write(write)
+        super()._append(writes)
 
 
 def test_a_follower_append_cancelled_mid_write_leaves_no_gap_and_acknowledges_nothing_off_disk(tmp_path):

@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Sequence
 
 import structlog
 
@@ -183,9 +184,28 @@ class RaftStorage(PersistentState):
                      for i, (t, c) in enumerate(write.whole)]
             self._replace_log("".join(line + "\n" for line in lines).encode())
             return
+        self._append([write])
+
+    def write_many(self, writes: Sequence[LogWrite]) -> None:
+        """Several writes in order: the appends among them with one fsync (a rewrite of the
+        whole log made on its own, in its place)."""
+        run: list[LogWrite] = []
+        for write in writes:
+            if write.whole is None:
+                run.append(write)
+            else:
+                self._append(run)
+                run = []
+                self.write(write)
+        self._append(run)
+
+    def _append(self, writes: Sequence[LogWrite]) -> None:
+        if not writes:
+            return
+        lines = [json.dumps({"i": write.start + offset, "t": t, "c": c.decode()}) + "\n"
+                 for write in writes for offset, (t, c) in enumerate(write.entries)]
         with open(self.log_path, "a") as fh:
-            for offset, (t, c) in enumerate(write.entries):
-                fh.write(json.dumps({"i": write.start + offset, "t": t, "c": c.decode()}) + "\n")
+            fh.write("".join(lines))
             fh.flush()
             os.fsync(fh.fileno())
         if not self._log_exists:       # the file was created by this append: its name too
