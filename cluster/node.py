@@ -28,7 +28,7 @@ from haremq.cluster.control.management_view import ClusterManagementView
 from haremq.cluster.control.server import Control
 from haremq.cluster.links.home import Links
 from haremq.cluster.links.reply_to import ReplyForwarder
-from haremq.cluster.membership.members import CHANNEL_OPTIONS, Membership
+from haremq.cluster.membership.members import SERVER_OPTIONS, Membership
 from haremq.cluster.membership.node_down import DownWatch
 from haremq.cluster.metadata import MetadataMachine, raise_result
 from haremq.cluster.mirroring.manager import Mirroring
@@ -127,7 +127,7 @@ class ClusterNode:
         it or its log cannot be written."""
         self.amqp = amqp
         self._stop_node_with = stop_node
-        self._server = grpc.aio.server(interceptors=[SecretCheck(self.config.secret)], options=CHANNEL_OPTIONS)
+        self._server = grpc.aio.server(interceptors=[SecretCheck(self.config.secret)], options=SERVER_OPTIONS)
         pbg.add_ClusterServicer_to_server(ClusterService(self), self._server)
         address = f"{self.config.bind}:{self.config.port}"
         try:

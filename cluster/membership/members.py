@@ -52,6 +52,14 @@ CHANNEL_OPTIONS = [
     # a channel dialled afresh connects at once rather than sharing a subchannel in backoff
     ("grpc.use_local_subchannel_pool", 1),
 ]
+# The members' server takes the clients' keepalive pings (every second, with or without calls);
+# by default it allows one without data every 5 minutes, and after two more it sent GOAWAY
+# "too_many_pings": an idle connection between members was dropped every few seconds.
+SERVER_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    ("grpc.http2.min_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 
 def split_address(address: str) -> tuple[str, str]:

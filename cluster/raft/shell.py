@@ -28,7 +28,15 @@ whether it would be elected, without raising its term, and only with a
 majority of yeses starts the real election. A node says no while it hears
 from a leader (leader stickiness, thesis 4.2.3), and ignores even a real
 vote request then, so a returning node never inflates the term. A leader
-that cannot see a majority any more steps down (check-quorum).
+that cannot see a majority any more steps down (check-quorum). A follower
+stands only once the failure detector counts its silent leader down (at once
+if its port refuses us, else within the failure timeout): a leader whose loop
+was held up for a second (a full garbage collection at 100,000 queues) is
+not deposed while it still answers.
+
+The writes of every step waiting for the write lock go together, in step
+order, with one fsync (group commit); each step is applied and answered in
+its own turn.
 
 The log and the vote live in DATA_DIR/raft: `state.json` (term, vote) and
 `log.jsonl` (one entry per line), appended and fsynced off the event loop
