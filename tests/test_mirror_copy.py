@@ -159,14 +159,14 @@ async def test_an_older_message_placed_among_held_ones_pages_the_newer_out(store
     assert [store.read(msg_id)[4] for msg_id in queue.tail] == [False, True, False]
 
 
-def test_a_transient_message_past_the_in_memory_limit_is_paged_out(tmp_path) -> None:
-    @with_store
-    async def fill(store) -> None:
-        queue = copy(store)
-        for key in range(1, HEAD_LIMIT + 3):
-            queue.place(key, message(str(key), persistent=False), False, 0.0, None)
-        assert len(queue.ready) == HEAD_LIMIT and list(queue.tail_keys) == [HEAD_LIMIT + 1, HEAD_LIMIT + 2]
-    fill(tmp_path)
+@with_store
+async def test_a_transient_message_past_the_in_memory_limit_is_paged_out(store) -> None:
+    queue = copy(store)
+    for key in range(1, HEAD_LIMIT + 3):
+        queue.place(key, message(str(key), persistent=False), False, 0.0, None)
+    assert len(queue.ready) == HEAD_LIMIT and list(queue.tail_keys) == [HEAD_LIMIT + 1, HEAD_LIMIT + 2]
+    queue.remove_keys(range(HEAD_LIMIT + 2, 0, -2))       # many keys, any order: taken oldest first
+    assert held(queue) == list(range(1, HEAD_LIMIT + 3, 2)) and len(store.index) == 1
 
 
 # ---- the mirror's ops, and the promotion ---------------------------------------------------

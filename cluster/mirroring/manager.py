@@ -10,8 +10,8 @@ Failover (MIR-4): the metadata leader watches the masters. When a master's
 node is down, it proposes "promote" with epoch + 1 for the oldest synchronised
 mirror that is up (or, with ha-promote-on-failure=always, any mirror). The
 queue stays down rather than losing data when there is none. The entry moves
-the queue everywhere at once: the new master builds its queue from its
-mirror, requeueing what was delivered and not acked; other nodes re-link
+the queue everywhere at once: the new master takes its mirror's copy over as its
+queue, what was delivered and not acked coming back redelivered; other nodes re-link
 their publishers and consumers to it; a deposed master that comes back finds
 itself fenced by the epoch and rejoins as a mirror.
 """

@@ -289,9 +289,10 @@ class PagedQueue:
 
     def remove_keys(self, keys: Iterable[int], ack: bool = True) -> None:
         """Those positions leave the queue wherever they are (a mirror applying its master's
-        removals, most of them at the head); with `ack` the store forgets them. No body is read."""
+        removals, most of them at the head); with `ack` the store forgets them. No body is read.
+        Taken oldest first, so that a purge's or a reconcile's many keys each cost little."""
         acked: list[int] = []
-        for key in keys:
+        for key in sorted(keys):
             msg_id = self._pull(key)
             if msg_id:
                 acked.append(msg_id)
