@@ -345,6 +345,10 @@ class MetadataMachine:
         delivered to them, settled when they answer (old.successor). Everything else as the
         mirror had it."""
         backing, dedup = mirror.hand_over()
+        if backing.max_priority != queue.max_priority:
+            self.log.warning("the mirror's copy is reshaped for the queue's priorities", vhost=queue.vhost,
+                             queue=queue.name, copy=backing.max_priority, queue_max_priority=queue.max_priority)
+            backing = backing.reshaped(queue.max_priority)
         acked, held_keys, acked_ids = old.doubts()
         if self.mirroring is not None:
             self.mirroring.adopted(queue, acked_ids)

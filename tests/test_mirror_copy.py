@@ -260,3 +260,15 @@ def test_a_reconcile_drops_what_the_new_master_lacks_and_names_what_it_misses() 
     assert held(mirror.backing) == [1, 3, 5] and mirror.backing.entry_at(3).redelivered
     mirror.apply(pb.MirrorOp(kind=pb.MirrorOp.ENQUEUE, key=4, message=enqueue_op(4, message("4"), False, 0.0).message))
     assert held(mirror.backing) == [1, 3, 4, 5] and mirror.last_key == 5
+
+
+def test_a_copy_of_another_shape_is_reshaped_for_its_queue() -> None:
+    """A copy begun before the queue's arguments were known here keeps its messages and order."""
+    queue = copy()
+    for key, priority in ((1, 0), (2, 2), (3, 1)):
+        queue.place(key, message(str(key), priority=priority), key == 3, 0.0, None)
+    prioritised = queue.reshaped(2)
+    assert prioritised.max_priority == 2 and queue.max_priority is None
+    assert [(e.seq, e.redelivered) for e in prioritised.ready] == [(2, False), (3, True), (1, False)]
+    assert [e.seq for e in prioritised.reshaped(None).ready] == [1, 2, 3]
+    assert prioritised.message_bytes == 3 and prioritised.next_seq == 4

@@ -276,24 +276,41 @@ class PagedQueue:
         else:
             self.next_seq = key + 1
         store = self.store
-        persistent = message.persistent or self.persist_all
-        if store is None or (not persistent and len(self.ready) < HEAD_LIMIT
-                             and not (self.tail and key > self.tail_keys[0])):
-            self._hold(Entry(message, key, delivered, 0, expires))
-            return
-        if older:
-            self._page_out_after(key)       # every paged-out message stays newer than the head
-        msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw, message.props_raw,
-                               message.body, delivered=delivered, transient=not persistent, dedup=seen)
-        self._paged_out(key, msg_id, expires)
+        if store is not None:
+            persistent = message.persistent or self.persist_all
+            if persistent or len(self.ready) >= HEAD_LIMIT or (self.tail and key > self.tail_keys[0]):
+                if older:
+                    self._page_out_after(key)       # every paged-out message stays newer than the head
+                msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
+                                       message.props_raw, message.body, delivered=delivered,
+                                       transient=not persistent, dedup=seen)
+                self._paged_out(key, msg_id, expires)
+                return
+        entry = Entry(message, key, delivered, 0, expires)
+        if older or not self.ordered:
+            self._hold(entry)
+        else:
+            self.ready.append(entry)
+            self.ready_bytes += len(message.body)
 
     def remove_keys(self, keys: Iterable[int], ack: bool = True) -> None:
         """Those positions leave the queue wherever they are (a mirror applying its master's
         removals, most of them at the head); with `ack` the store forgets them. No body is read.
         Taken oldest first, so that a purge's or a reconcile's many keys each cost little."""
         acked: list[int] = []
+        tail, tail_keys, ready = self.tail, self.tail_keys, self.ready
         for key in sorted(keys):
-            msg_id = self._pull(key)
+            if tail_keys and tail_keys[0] == key:          # the commonest: the oldest paged out
+                tail_keys.popleft()
+                msg_id = tail.popleft()
+                if self.tail_expiry:
+                    self.tail_expiry.pop(msg_id, None)
+            elif self.ordered and ready and ready[0].seq == key:     # or the oldest in memory
+                entry = ready.popleft()
+                self.ready_bytes -= len(entry.message.body)
+                msg_id = entry.msg_id
+            else:
+                msg_id = self._pull(key) or 0
             if msg_id:
                 acked.append(msg_id)
         if acked and ack and self.store is not None:
@@ -342,6 +359,21 @@ class PagedQueue:
         if self.tail:
             self._page_in()
         return bool(self.tail_expiry) or any(entry.expires for entry in self.ready)
+
+    @property
+    def max_priority(self) -> int | None:
+        ready = self.ready
+        return ready.max if isinstance(ready, PriorityReady) else None
+
+    def reshaped(self, max_priority: int | None) -> PagedQueue:
+        """The same messages in a queue of another shape (a copy begun before its queue's
+        arguments were known here): those in memory placed again, the paged-out part as it is."""
+        other = PagedQueue(self.store, self.store_id, max_priority, self.persist_all, self._recovered_deadline)
+        for entry in sorted(self.ready):
+            other._hold(entry)
+        other.tail, other.tail_keys, other.tail_expiry = self.tail, self.tail_keys, self.tail_expiry
+        other.outstanding, other.next_seq = self.outstanding, self.next_seq
+        return other
 
     def _hold(self, entry: Entry) -> None:
         """In memory, at its position."""
@@ -492,6 +524,9 @@ def _key_index(keys: deque[int], key: int) -> int:
     if not keys or key < keys[0] or key > keys[-1]:
         return -1
     n = len(keys)
+    guess = key - keys[0]           # no gaps before it
+    if guess < n and keys[guess] == key:
+        return guess
     lo = max(0, n - 1 - (keys[-1] - key))
     hi = min(n, key - keys[0] + 1)
     i = bisect.bisect_left(keys, key, lo, hi)

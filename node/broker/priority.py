@@ -147,6 +147,9 @@ def index_at(entries: deque[Entry], seq: int) -> int:
     if not entries or seq < entries[0].seq or seq > entries[-1].seq:
         return -1
     n = len(entries)
+    guess = seq - entries[0].seq     # no gaps before it
+    if guess < n and entries[guess].seq == seq:
+        return guess
     lo = max(0, n - 1 - (entries[-1].seq - seq))
     hi = min(n, seq - entries[0].seq + 1)
     i = bisect.bisect_left(entries, seq, lo, hi, key=_seq)
