@@ -272,3 +272,20 @@ def test_a_copy_of_another_shape_is_reshaped_for_its_queue() -> None:
     assert [(e.seq, e.redelivered) for e in prioritised.ready] == [(2, False), (3, True), (1, False)]
     assert [e.seq for e in prioritised.reshaped(None).ready] == [1, 2, 3]
     assert prioritised.message_bytes == 3 and prioritised.next_seq == 4
+
+
+@with_store
+async def test_a_priority_queue_publishing_while_its_copy_is_read_in_keeps_each_level_in_order(store) -> None:
+    """Publishes to a priority queue just promoted stay in memory (they never wait behind the
+    copy's writes), and the copy's messages are read in among them at their positions."""
+    mirror = MirrorQueue("/", "q", store, STORE_ID, max_priority=5)
+    ops_for(mirror, [enqueue_op(1, message("old low", priority=1), False, 0.0),
+                     enqueue_op(2, message("old high", priority=5), False, 0.0)])
+    queue = Queue("q", "/", durable=True, arguments={"x-max-priority": 5}, store=store, store_id=STORE_ID)
+    queue.take_over(*mirror.hand_over())
+    queue.publish(message("new high", persistent=False, priority=5))
+    queue.publish(message("new low", persistent=False, priority=1))
+    assert queue.paged_out == 2 and len(queue.backing.ready) == 2
+    got = consume_all(queue)
+    await durable(store)
+    assert [e.message.body for e in got] == [b"old high", b"new high", b"old low", b"new low"]

@@ -42,7 +42,8 @@ class BackingQueue(Protocol):
 
     @property
     def tail(self) -> deque[int]:
-        """Store ids of the paged-out messages, oldest first, all newer than `ready`."""
+        """Store ids of the paged-out messages, oldest first, all newer than `ready` (but for a
+        priority queue's copy taken over from a mirror, read in at its positions as it lands)."""
 
     @property
     def tail_keys(self) -> deque[int]:

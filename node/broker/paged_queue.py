@@ -56,7 +56,7 @@ class PagedQueue:
         # delivered and not yet settled, by seq: a mirror started now must hold these too
         self.outstanding: dict[int, Entry] = {}
         self.next_seq = 1                        # the position the next message gets
-        # priority queues stay in memory, never paged out
+        # priority queues stay in memory, never paged out (a mirror's copy taken over is read in whole)
         self.head_limit = HEAD_LIMIT if max_priority is None else sys.maxsize
         self.persist_all = persist_all           # a quorum queue logs transient messages too
         self._recovered_deadline = recovered_deadline
@@ -92,7 +92,8 @@ class PagedQueue:
             self.ready_bytes += len(message.body)
             return SAFE
         outcome = SAFE
-        paging = bool(self.tail) or len(self.ready) >= self.head_limit
+        # a priority queue pages nothing out (a copy it took over is read in as its writes land)
+        paging = (bool(self.tail) and self.ordered) or len(self.ready) >= self.head_limit
         persistent = message.persistent or self.persist_all
         if persistent or paging:
             msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
@@ -494,8 +495,11 @@ class PagedQueue:
             entry = self._load(msg_id, self.tail_keys.popleft())
             # a mirror's copy and recovered messages page out uncounted (their sizes are not known)
             self.tail_bytes = max(0, self.tail_bytes - len(entry.message.body))
-            self.ready.append(entry)
-            self.ready_bytes += len(entry.message.body)
+            if self.ordered:
+                self.ready.append(entry)
+                self.ready_bytes += len(entry.message.body)
+            else:       # at its position: among those published since a copy was taken over
+                self._hold(entry)
             moved += 1
         return moved > 0
 

@@ -9,7 +9,9 @@ back to its own level at its original position.
 It stands in for the `deque` of a plain queue (append, popleft, [0], len,
 iteration, clear). Priority queues are kept wholly in memory: they never
 page messages out to the store's `tail` (persistent messages are still
-logged and come back after a restart).
+logged and come back after a restart); a mirror's copy, which keeps them by
+store id, is read in whole once a promotion takes it over. `insert`, `find`,
+`remove` and `take_after` address an entry by position, as a mirror does.
 """
 from __future__ import annotations
 

@@ -267,6 +267,7 @@ class Queue:
         self._copy_durable(True)
 
     def _copy_durable(self, _ok: bool) -> None:
+        """Only durable messages are read in: the copy's last writes may have just landed."""
         if not self.deleted:
             if self.expiring:
                 self.drop_expired()
