@@ -309,13 +309,13 @@ class MetadataMachine:
             self.mirroring.mirror_dropped(c.fields())
         return {}
 
-    def _become_master(self, state, old, contents) -> None:
-        """This node's mirror is the master now: a real queue from its contents (or, replaying
+    def _become_master(self, state, old, mirror) -> None:
+        """This node's mirror is the master now: a real queue taking over its copy (or, replaying
         the log after a restart, from the store), with the old handle's bindings and consumers."""
         vhost = self._vhost({"vhost": state.vhost})
         queue = vhost.add_queue(state.name, old.durable, None, old.auto_delete, old.arguments, state.store_id)
-        if contents is not None:
-            self._adopt(queue, old, contents)
+        if mirror is not None:
+            self._adopt(queue, old, mirror)
         elif state.store_id in self.recovered:
             queue.restore(self.recovered.pop(state.store_id))
         # new messages get keys no earlier master can have given: another node's memory of what
@@ -339,42 +339,40 @@ class MetadataMachine:
                 channel.republish(queue, message, seq)
         old.replay_parked()
 
-    def _adopt(self, queue, old, contents) -> None:
-        """The mirror's messages, less those this node's clients acked through the old master
-        (their acks never reached the mirrors); those its clients still hold stay delivered to
-        them, settled when they answer (old.successor). Everything else as the mirror had it."""
+    def _adopt(self, queue, old, mirror) -> None:
+        """The mirror's copy becomes the queue's, less what this node's clients acked through the
+        old master (their acks never reached the mirrors); what its clients still hold stays
+        delivered to them, settled when they answer (old.successor). Everything else as the
+        mirror had it."""
+        backing, dedup = mirror.hand_over()
+        if backing.max_priority != queue.max_priority:
+            self.log.warning("the mirror's copy is reshaped for the queue's priorities", vhost=queue.vhost,
+                             queue=queue.name, copy=backing.max_priority, queue_max_priority=queue.max_priority)
+            backing = backing.reshaped(queue.max_priority)
         acked, held_keys, acked_ids = old.doubts()
         if self.mirroring is not None:
-            self.mirroring.adopted(queue, contents, acked_ids)
-        if not acked and not held_keys:
-            queue.adopt(contents)
-            return
-        hold, gone = [], []
-        present = set(contents.keys) if len(acked) + len(held_keys) > 64 else contents.keys
-        for key in {*acked, *held_keys}:
-            if key not in present:
-                continue
-            item = contents.item(key)
-            message = item[1]
-            if message is None:       # only in the store: read it to compare
-                message = queue.read_message(item[3])
-                item = (key, message, *item[2:])
-            if acked.get(key) == fingerprint(message):
-                gone.append(item)
-            elif held_keys.get(key) == fingerprint(message):
-                hold.append(item)
-        queue.adopt(contents.without({item[0] for item in gone} | {item[0] for item in hold}))
-        self.log.info("adopted the mirror's messages", vhost=queue.vhost, queue=queue.name,
-                      messages=len(contents) - len(gone) - len(hold), acked_here=len(acked),
-                      held_here=len(held_keys), dropped=len(gone), held=len(hold))
-        queue.next_seq = max(queue.next_seq, contents.last_key + 1)
-        ids = [msg_id for _k, _m, _d, msg_id, _e in gone if msg_id]
-        if ids and queue.store is not None:
-            queue.store.ack(queue.store_id, ids)
-        held = {}
-        for key, message, _delivered, msg_id, expires in hold:
-            held[key] = queue.outstanding[key] = Entry(message, key, True, msg_id, expires)
-        old.successor = (queue, held)
+            self.mirroring.adopted(queue, acked_ids)
+        if acked or held_keys:
+            gone, hold = [], []
+            for key in {*acked, *held_keys}:
+                entry = backing.entry_at(key)       # a paged-out one is read, to compare
+                if entry is None:
+                    continue
+                if acked.get(key) == fingerprint(entry.message):
+                    gone.append(key)
+                elif held_keys.get(key) == fingerprint(entry.message):
+                    hold.append(entry)
+            backing.remove_keys(gone)
+            backing.remove_keys([entry.seq for entry in hold], ack=False)
+            held = {}
+            for entry in hold:
+                held[entry.seq] = backing.outstanding[entry.seq] = Entry(entry.message, entry.seq, True,
+                                                                         entry.msg_id, entry.expires)
+            old.successor = (queue, held)
+            self.log.info("adopted the mirror's messages", vhost=queue.vhost, queue=queue.name,
+                          messages=backing.message_count, acked_here=len(acked), held_here=len(held_keys),
+                          dropped=len(gone), held=len(hold))
+        queue.take_over(backing, dedup)       # its next position is past every key the copy holds
 
     def _become_remote(self, state, queue) -> None:
         """Deposed (MIR-5): this node's copy is dropped; it is a mirror, if anything, from now on.

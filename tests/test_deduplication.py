@@ -156,10 +156,11 @@ def test_stamps_from_another_clock_count_at_most_the_ttl_here(clock):
     """A promoted mirror inherits its old master's stamps (and a restarted node its log's):
     one from that clock's future counts as seen now, so the id lives a TTL here at most; one
     from a clock behind expires early by the difference, no more."""
-    import types
+    from haremq.node.broker.paged_queue import PagedQueue
     q = _queue(ttl=1000)
     now = clock.ms()
-    q.adopt(types.SimpleNamespace(keys=[], dedup=[(b"future", now + 3_600_000), (b"behind", now - 300)]))
+    copy = PagedQueue(None, 0, None, False, lambda _message, _at: 0.0)      # an empty mirror's
+    q.take_over(copy, [(b"future", now + 3_600_000), (b"behind", now - 300)])
     clock.sleep(0.6)
     assert not _enqueued(q, "future") and not _enqueued(q, "behind")
     clock.sleep(0.2)               # 0.8 s: 'behind' was stamped 1.1 s ago by its clock

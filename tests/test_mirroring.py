@@ -215,6 +215,39 @@ def test_failover_keeps_every_confirmed_message_and_redelivers_unacked(cluster):
     pc.close()
 
 
+def test_a_promoted_mirror_serves_its_copy_as_the_master_had_it(cluster):
+    """The new master's queue is the mirror's copy, handed over: transient messages the mirror
+    held in memory and persistent ones it kept only in its store come out in publish order (a
+    priority queue's by priority), acked ones gone, those delivered and not acked redelivered."""
+    hare1, hare2, hare3 = cluster
+    _policy(hare1, r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c, ch = _chan(hare1, confirm=True)
+    ch.queue_declare("ha.copy", durable=True)
+    ch.queue_declare("ha.copy.prio", durable=True, arguments={"x-max-priority": 3})
+    for name in ("ha.copy", "ha.copy.prio"):
+        _synced(hare1, name, ["hare2", "hare3"])
+    for i in range(40):
+        mode = 2 if i % 3 == 2 else 1          # two transient first: held in memory on the mirrors
+        ch.basic_publish("", "ha.copy", f"m{i}".encode(), pika.BasicProperties(delivery_mode=mode))
+        ch.basic_publish("", "ha.copy.prio", f"p{i}".encode(), pika.BasicProperties(delivery_mode=mode,
+                                                                                     priority=i % 4))
+    assert [b for b, _r in _drain(hare1, "ha.copy", limit=2)] == [b"m0", b"m1"]
+    assert [b for b, _r in _drain(hare1, "ha.copy.prio", limit=2)] == [b"p3", b"p7"]
+    cc, _cons, held = _consumer_holding(hare3, "ha.copy", 5)
+    assert [body for _m, body in held] == [f"m{i}".encode() for i in range(2, 7)]
+    ch.basic_publish("", "ha.copy", b"end", PERSISTENT)     # confirmed: the mirrors have every op before it
+    c.close()
+    hare1.kill9()
+    for name in ("ha.copy", "ha.copy.prio"):
+        wait_until(lambda n=name: (lambda r: r and r["master"] != "hare1")(queue_row(hare2, n)), timeout=15)
+    cc.close()
+    got = _drain(hare3, "ha.copy")
+    assert [b for b, _r in got] == [f"m{i}".encode() for i in range(2, 40)] + [b"end"]
+    assert [b for b, r in got if r] == [f"m{i}".encode() for i in range(2, 7)]
+    by_priority = sorted(range(40), key=lambda i: (-(i % 4), i))[2:]
+    assert _drain(hare2, "ha.copy.prio") == [(f"p{i}".encode(), False) for i in by_priority]
+
+
 def test_acks_that_never_reached_the_mirrors_do_not_deliver_twice(cluster):
     """A client acks persistent messages while the master is frozen (the acks reach the client's
     node, never the mirrors), then the master dies: what it acked is not delivered again, what it

@@ -10,8 +10,8 @@ Failover (MIR-4): the metadata leader watches the masters. When a master's
 node is down, it proposes "promote" with epoch + 1 for the oldest synchronised
 mirror that is up (or, with ha-promote-on-failure=always, any mirror). The
 queue stays down rather than losing data when there is none. The entry moves
-the queue everywhere at once: the new master builds its queue from its
-mirror, requeueing what was delivered and not acked; other nodes re-link
+the queue everywhere at once: the new master takes its mirror's copy over as its
+queue, what was delivered and not acked coming back redelivered; other nodes re-link
 their publishers and consumers to it; a deposed master that comes back finds
 itself fenced by the epoch and rejoins as a mirror.
 """
@@ -26,6 +26,7 @@ from haremq.node.broker.commands import Command, QueuePromote
 from haremq.node.protocol.replies import AMQPError, ReplyCode
 from haremq.node.broker.policy import winning
 from haremq.node.broker.queue import is_quorum
+from haremq.node.broker.queue_arguments import int_arg
 from haremq.node.tasks import TaskGroup
 
 from haremq.cluster.membership.members import WatchRounds
@@ -217,9 +218,12 @@ class Mirroring:
         mirror = self.mirrors.get(state.key)
         if mirror is None:
             store = self.broker.store if state.durable else None
+            handle = self._queue(state)       # the copy has the queue's shape: a priority queue's levels
+            max_priority = int_arg(handle.arguments, "x-max-priority") if handle is not None else None
             mirror = self.mirrors[state.key] = MirrorQueue(state.vhost, state.name, store,
                                                             state.store_id if store is not None else 0,
-                                                            persist_all=state.group is not None)
+                                                            persist_all=state.group is not None,
+                                                            max_priority=max_priority)
         return mirror
 
     def check_stream(self, vhost: str, name: str, epoch: int, master: str) -> str:
@@ -305,10 +309,9 @@ class Mirroring:
             mirror = self.mirrors.pop(state.key, None)
             self._removed_ids = set(getattr(mirror, "removed_ids", ()))
             self._recent_ids = set(mirror.recent_ids.values()) if mirror is not None else set()
-            contents = mirror.contents() if mirror is not None else None
             if mirror is not None and mirror.whole and survivors:
-                self.reconcile_offers[state.key] = (survivors, contents.last_key)
-            become_master(state, queue, contents)
+                self.reconcile_offers[state.key] = (survivors, mirror.last_key)
+            become_master(state, queue, mirror)
             self._removed_ids = self._recent_ids = set()
         elif not queue.remote:
             become_remote(state, queue)
@@ -400,7 +403,7 @@ class Mirroring:
                                              state.home in self.stopping), done, forward_if_deposed=False)
 
     # ---- publishes sent again to a new master (CONF-4) --------------------------------------------
-    def adopted(self, queue, contents, acked_here=frozenset()) -> None:
+    def adopted(self, queue, acked_here=frozenset()) -> None:
         """A promoted mirror's messages: the publish ids of the newest, and of those it saw
         removed lately or this node's clients acked (maybe before the mirror had them), which a
         publisher's node may send again (it never saw them confirmed), are remembered for a while."""

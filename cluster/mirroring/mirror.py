@@ -1,11 +1,12 @@
 """A mirrored queue's mirror side: the master's changes applied in order (MIR-2, MIR-5).
 
-A `MirrorQueue` holds what the master holds: every message still in the
-queue, by key (its position on the master), each flagged if it was ever
-delivered, so that on promotion (MIR-4) delivered-but-unacked messages come
-back with redelivered=true. The messages of a durable queue are written to this
-node's store under the same queue id and only their ids stay in memory; a
-sequence is acknowledged only once those writes are fsynced.
+A `MirrorQueue` holds what the master holds, in the same type: a `PagedQueue`
+filled by position (the key the master gave each message), each message
+flagged if it was ever delivered, so that on promotion (MIR-4) the copy becomes
+the new master's queue as it is and delivered-but-unacked messages come back
+with redelivered=true. The persistent messages of a durable queue are written
+to this node's store under the same queue id and only their ids stay in
+memory; a sequence is acknowledged only once those writes are fsynced.
 
 The stream is fenced (MIR-5): it is taken only from the node the metadata
 log names as the master, with the log's current epoch, and it stops being
@@ -14,12 +15,14 @@ acknowledged the moment the log moves on.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 
 import structlog
 
 from haremq.node.broker.deduplication import IdCache
+from haremq.node.broker.expiry import monotonic
+from haremq.node.broker.message import Message
+from haremq.node.broker.paged_queue import PagedQueue
 from haremq.node.tasks import TaskGroup
 
 from haremq.cluster.links.codec import message_from_pb
@@ -30,27 +33,27 @@ ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, p
 
 
 REMOVED_IDS = 10_000   # publish ids of messages removed lately, and of the newest ones, kept
-HELD_LIMIT = 8192     # messages a mirror of a durable queue keeps in memory; the rest only in its store
 FILL_LIMIT = 100_000  # a reconcile lacking more than this asks for the whole queue instead
 RESYNC = object()     # ack queue item: reconcile refused, the master sends a full snapshot
 
 
-class MirrorQueue:
-    """A mirror's copy, in the same shape as the master's paged queue: messages of a durable
-    queue live in this node's store and only their ids are kept here (a few transient ones are
-    held in memory, up to HELD_LIMIT, then logged as transient too); a non-durable queue's
-    messages are held in memory, as on its master."""
+def _no_deadline(_message: Message, _at: float) -> float:
+    return 0.0      # a copy is never restored from its store: its queue is rebuilt from the stream
 
-    def __init__(self, vhost: str, name: str, store=None, store_id: int = 0, persist_all: bool = False):
+
+class MirrorQueue:
+    """A mirror's copy, a PagedQueue like the master's: the messages of a durable queue live in
+    this node's store and only their ids are kept (transient ones in memory while nothing is
+    paged out, up to HEAD_LIMIT, then logged as transient too); a non-durable queue's messages
+    are held in memory, as on its master. Nothing is ever read back from the store here."""
+
+    def __init__(self, vhost: str, name: str, store=None, store_id: int = 0, persist_all: bool = False,
+                 max_priority: int | None = None):
         self.vhost = vhost
         self.name = name
         self.store = store if store_id else None
         self.store_id = store_id
-        self.persist_all = persist_all          # a quorum queue: transient messages are logged too
-        self.ids: dict[int, int] = {}           # key -> store msg id
-        self.held: dict[int, object] = {}       # key -> Message kept in memory
-        self.delivered: set[int] = set()        # keys delivered (or requeued) on the master
-        self.expires: dict[int, float] = {}     # key -> TTL deadline
+        self.backing = PagedQueue(self.store, store_id, max_priority, persist_all, _no_deadline)
         self.stream = None                      # the stream now feeding it; an older one stops
         self.whole = False                      # holds a full snapshot and every op after it
         # publish ids of the newest messages, and of those removed lately (consumed, maybe before
@@ -96,95 +99,63 @@ class MirrorQueue:
 
     def discard(self) -> None:
         """Forget every message (a reset, the queue deleted, or this node no longer a mirror)."""
-        if self.store is not None and self.ids:
-            self.store.ack(self.store_id, list(self.ids.values()))
-        self.ids.clear()
-        self.held.clear()
+        self.backing.purge()
+        self.backing.next_seq = 1
         self.recent_ids.clear()
-        self.delivered.clear()
-        self.expires.clear()
         self.whole = False
+
+    def hand_over(self) -> tuple[PagedQueue, list]:
+        """Promoted: the copy, to become the new master's queue as it is, and the deduplication
+        ids, oldest first. The mirror keeps nothing, and a batch of its stream still in flight
+        is fenced off (the stream is no longer this mirror's)."""
+        backing = self.backing
+        ids = self.dedup.entries() if self.dedup is not None else []
+        self.backing = PagedQueue(None, 0, None, False, _no_deadline)
+        self.store, self.stream, self.dedup, self.whole = None, None, None, False
+        return backing, ids
+
+    @property
+    def last_key(self) -> int:
+        """The newest key this copy was given (0: none since it started empty)."""
+        return self.backing.next_seq - 1
 
     def reconcile(self, keep: set, delivered) -> list[int]:
         """A promoted master's keys against this copy, both of the same old master: what it does
         not hold is dropped (ops this mirror applied and the new master never saw), what it holds
         and this copy lacks is returned, to be filled in; delivered flags are added."""
-        drop = (self.ids.keys() - keep) | (self.held.keys() - keep)
+        held = self.backing.positions()
+        drop = held - keep
         if drop:
-            ids, held = self.ids, self.held
-            acked = []
             for key in drop:
                 self.recent_ids.pop(key, None)
-                msg_id = ids.pop(key, None)
-                if msg_id is not None:
-                    acked.append(msg_id)
-                else:
-                    held.pop(key, None)
-                self.delivered.discard(key)
-                self.expires.pop(key, None)
-            if acked:
-                self.store.ack(self.store_id, acked)
-        self.apply(pb.MirrorOp(kind=DELIVER, keys=delivered))
-        return sorted(keep.difference(self.ids, self.held))
+            self.backing.remove_keys(sorted(drop))
+        self.backing.flag_delivered(delivered)
+        return sorted(keep - held)
 
     def apply(self, op) -> None:
         kind = op.kind
         if kind == ENQUEUE:
             self._enqueue(op)
         elif kind == REMOVE:
-            ids = self.ids
-            held, delivered, expires = self.held, self.delivered, self.expires
-            acked = []
-            for key in op.keys:
-                publish_id = self.recent_ids.pop(key, 0)
-                if publish_id:
-                    self.removed_ids.append(publish_id)
-                msg_id = ids.pop(key, None)
-                if msg_id is not None:
-                    acked.append(msg_id)
-                else:
-                    held.pop(key, None)
-                delivered.discard(key)
-                if expires:
-                    expires.pop(key, None)
-            if acked:
-                self.store.ack(self.store_id, acked)
+            recent = self.recent_ids
+            if recent:
+                for key in op.keys:
+                    publish_id = recent.pop(key, 0)
+                    if publish_id:
+                        self.removed_ids.append(publish_id)
+            self.backing.remove_keys(op.keys)
         else:       # DELIVER, REQUEUE: either way it counts as redelivered from now on
-            for key in op.keys:
-                if key in self.delivered:
-                    continue
-                msg_id = self.ids.get(key)
-                if msg_id is None and key not in self.held:
-                    continue
-                self.delivered.add(key)
-                if msg_id is not None and kind == DELIVER:
-                    self.store.deliver(self.store_id, msg_id)
+            self.backing.flag_delivered(op.keys)
 
     def _enqueue(self, op) -> None:
         key = op.key
         message = message_from_pb(op.message)
-        old = self.ids.pop(key, None)           # a snapshot may repeat a message it already holds
-        if old is not None:
-            self.store.ack(self.store_id, [old])
-        self.held.pop(key, None)
-        store = self.store
         seen = None
         if op.dedup_id and self.dedup is not None:
             seen = (op.dedup_id, op.dedup_seen_ms)
             self.dedup.add(*seen)
-        persistent = message.persistent or self.persist_all
-        if store is not None and (persistent or len(self.held) >= HELD_LIMIT):
-            self.ids[key] = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
-                                          message.props_raw, message.body, delivered=op.redelivered,
-                                          transient=not persistent, dedup=seen)
-        else:
-            self.held[key] = message
-        if op.redelivered:
-            self.delivered.add(key)
-        else:
-            self.delivered.discard(key)
-        if op.ttl_left_ms:
-            self.expires[key] = time.monotonic() + op.ttl_left_ms / 1000.0
+        expires = monotonic() + op.ttl_left_ms / 1000.0 if op.ttl_left_ms else 0.0
+        self.backing.place(key, message, op.redelivered, expires, seen)
         if message.publish_id:
             recent = self.recent_ids
             recent[key] = message.publish_id
@@ -193,46 +164,7 @@ class MirrorQueue:
 
     @property
     def message_count(self) -> int:
-        return len(self.ids) + len(self.held)
-
-    def contents(self) -> "MirrorContents":
-        """What a promoted mirror starts from, by columns (a million messages are taken over
-        without a loop over them). Bodies stay in the store."""
-        ids, held = self.ids, self.held
-        keys = sorted((*ids, *held)) if held else sorted(ids)
-        return MirrorContents(keys, ids, held, self.delivered, self.expires,
-                              self.dedup.entries() if self.dedup is not None else [])
-
-
-class MirrorContents:
-    """A mirror's copy as the new master adopts it: keys ascending, and by key the store id (or
-    the message held in memory), the delivered flag and the TTL deadline; and the deduplication
-    ids, [(id, seen-at ms)] oldest first."""
-
-    def __init__(self, keys: list[int], ids: dict, held: dict, delivered: set, expires: dict, dedup=()):
-        self.keys = keys
-        self.ids = ids
-        self.held = held
-        self.delivered = delivered
-        self.expires = expires
-        self.dedup = dedup
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @property
-    def last_key(self) -> int:
-        return self.keys[-1] if self.keys else 0
-
-    def item(self, key: int) -> tuple:
-        """(key, message or None when only in the store, delivered, msg_id, TTL deadline or 0)."""
-        return key, self.held.get(key), key in self.delivered, self.ids.get(key, 0), self.expires.get(key, 0.0)
-
-    def without(self, keys: set) -> "MirrorContents":
-        if not keys:
-            return self
-        return MirrorContents([k for k in self.keys if k not in keys], self.ids, self.held, self.delivered,
-                              self.expires, self.dedup)
+        return self.backing.message_count
 
 
 async def serve_mirror(mirroring, request_iterator, context):

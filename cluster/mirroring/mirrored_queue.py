@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from haremq.node.broker.paged_queue import LOGGED
 
 if TYPE_CHECKING:
-    from haremq.node.broker.backing_queue import BackingQueue, Contents
+    from haremq.node.broker.backing_queue import BackingQueue
     from haremq.node.broker.deduplication import IdCache
     from haremq.node.broker.message import Entry, Message
     from haremq.node.broker.priority import PriorityReady
@@ -110,9 +110,6 @@ class MirroredQueue:
 
     def restore(self, messages: list[int]) -> None:
         self.inner.restore(messages)
-
-    def adopt(self, contents: Contents, deadline: Callable[[Message], float]) -> bool:
-        return self.inner.adopt(contents, deadline)
 
     # ---- messages out -------------------------------------------------------------------------
     def has_ready(self) -> bool:

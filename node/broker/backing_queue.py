@@ -6,8 +6,9 @@ queue's. `paged_queue.PagedQueue` is the one that holds them (in memory, and
 paged out to the store); a mirrored queue's master wraps it in
 `cluster.mirroring.mirrored_queue.MirroredQueue`, which reports every change to
 the mirrors and holds confirms until they have it, as RabbitMQ's
-`rabbit_mirror_queue_master` wraps another `backing_queue`. Promotion and
-demotion swap the wrapper; the Queue never asks which it has.
+`rabbit_mirror_queue_master` wraps another `backing_queue`. A mirror keeps its
+copy in a `PagedQueue` too, so a promotion hands that copy to the queue and
+wraps it; demotion unwraps. The Queue never asks which it has.
 `make lint` checks strictly that each implementation is this port.
 """
 from __future__ import annotations
@@ -20,26 +21,6 @@ if TYPE_CHECKING:
     from .deduplication import IdCache
     from .message import Entry, Message
     from .priority import PriorityReady
-
-
-class Contents(Protocol):
-    """A promoted mirror's copy, as adopt() reads it (cluster's MirrorContents): keys ascending,
-    and by key the store id or the message held in memory, delivered or not, its TTL deadline."""
-
-    @property
-    def keys(self) -> list[int]: ...
-
-    @property
-    def ids(self) -> dict[int, int]: ...
-
-    @property
-    def held(self) -> dict[int, Message]: ...
-
-    @property
-    def delivered(self) -> set[int]: ...
-
-    @property
-    def expires(self) -> dict[int, float]: ...
 
 
 class BackingQueue(Protocol):
@@ -61,7 +42,8 @@ class BackingQueue(Protocol):
 
     @property
     def tail(self) -> deque[int]:
-        """Store ids of the paged-out messages, oldest first, all newer than `ready`."""
+        """Store ids of the paged-out messages, oldest first, all newer than `ready` (but for a
+        priority queue's copy taken over from a mirror, read in at its positions as it lands)."""
 
     @property
     def tail_keys(self) -> deque[int]:
@@ -96,9 +78,6 @@ class BackingQueue(Protocol):
 
     def restore(self, messages: list[int]) -> None:
         """Store ids recovered at start, in order."""
-
-    def adopt(self, contents: Contents, deadline: Callable[[Message], float]) -> bool:
-        """A promoted mirror's messages; True if some have a deadline."""
 
     # ---- messages out -------------------------------------------------------------------------
     def has_ready(self) -> bool: ...

@@ -5,9 +5,15 @@ queue); once it holds HEAD_LIMIT entries, newer logged messages wait on disk as
 store ids (`tail`) with their positions (`tail_keys`) and are read back, oldest
 first, as the head drains. Delivered and unsettled entries are `outstanding`, by
 position. A transient queue has no store: everything stays in memory.
+
+A mirror keeps its copy of a mirrored queue in a PagedQueue too, filled by
+position (`place`, `remove_keys`, `flag_delivered`) as its master's changes
+arrive and never reading a body back; a promotion hands that copy to the new
+master's `Queue` as it is (`taken_over`).
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import sys
 from collections import deque
@@ -17,11 +23,11 @@ from ..protocol.properties import PropertyView
 from .delivery_count import returned
 from .expiry import expiration_ms, monotonic
 from .message import Entry, Message
-from .priority import PriorityReady
+from .priority import PriorityReady, index_at
 
 if TYPE_CHECKING:
     from ..store.store import MessageStore
-    from .backing_queue import BackingQueue, Contents
+    from .backing_queue import BackingQueue
     from .deduplication import IdCache
 
 # Queue.publish outcomes
@@ -50,7 +56,7 @@ class PagedQueue:
         # delivered and not yet settled, by seq: a mirror started now must hold these too
         self.outstanding: dict[int, Entry] = {}
         self.next_seq = 1                        # the position the next message gets
-        # priority queues stay in memory, never paged out
+        # priority queues stay in memory, never paged out (a mirror's copy taken over is read in whole)
         self.head_limit = HEAD_LIMIT if max_priority is None else sys.maxsize
         self.persist_all = persist_all           # a quorum queue logs transient messages too
         self._recovered_deadline = recovered_deadline
@@ -86,7 +92,8 @@ class PagedQueue:
             self.ready_bytes += len(message.body)
             return SAFE
         outcome = SAFE
-        paging = bool(self.tail) or len(self.ready) >= self.head_limit
+        # a priority queue pages nothing out (a copy it took over is read in as its writes land)
+        paging = (bool(self.tail) and self.ordered) or len(self.ready) >= self.head_limit
         persistent = message.persistent or self.persist_all
         if persistent or paging:
             msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
@@ -130,64 +137,15 @@ class PagedQueue:
                 self.ready.append(entry)
                 self.ready_bytes += len(entry.message.body)
 
-    def adopt(self, contents: Contents, deadline: Callable[[Message], float]) -> bool:
-        """A promoted mirror's messages (MIR-4): keys ascending, kept (the positions the old
-        master gave them). Those delivered on the old master come back redelivered; a TTL
-        deadline the old master had set holds (one unknown to it is deadline(message)). The head
-        is read into memory and the rest stays paged out, as on the mirror: taken over by
-        columns, since a promotion must not hold the loop for a long queue. True if some
-        message has a deadline."""
-        keys = contents.keys
-        if not keys:
-            return False
-        store = self.store
-        ready = self.ready
-        some_expire = False
-        self.next_seq = max(self.next_seq, keys[-1] + 1)
-        head = len(keys) if store is None else 0 if self.tail else max(0, self.head_limit - len(ready))
-        held, ids, delivered_keys, deadlines = contents.held, contents.ids, contents.delivered, contents.expires
-        for key in keys[:head]:
-            message, msg_id, expires = held.get(key), ids.get(key, 0), deadlines.get(key, 0.0)
-            delivered = key in delivered_keys
-            if message is None:
-                message, delivered = self.read(msg_id)
-            if not expires:
-                expires = deadline(message)
-            if expires:
-                some_expire = True
-            if delivered and self.persist_all:
-                message = returned(message)
-            ready.append(Entry(message, key, delivered, msg_id, expires))
-            self.ready_bytes += len(message.body)
-        rest = keys[head:]
-        if rest and store is not None:      # a transient queue takes every key into memory
-            ids_here: dict[int, int] = {}
-            if held:         # held in memory on the mirror: paged out here
-                def stored(key: int) -> int:
-                    msg_id = ids.get(key)
-                    if msg_id is None:
-                        message = held[key]
-                        msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
-                                               message.props_raw, message.body, delivered=key in delivered_keys,
-                                               transient=True)
-                        ids_here[key] = msg_id
-                    return msg_id
-                self.tail.extend(map(stored, rest))
-            else:
-                self.tail.extend(map(ids.__getitem__, rest))
-            self.tail_keys.extend(rest)
-            if deadlines:
-                in_rest = set(rest)
-                for key, expires in deadlines.items():
-                    if expires and key in in_rest:
-                        self.tail_expiry[ids_here.get(key) or ids[key]] = expires
-                        some_expire = True
-        return some_expire
-
     # ---- messages out -------------------------------------------------------------------------
     def has_ready(self) -> bool:
-        """Something at the head (paged in if need be)."""
-        return bool(self.ready) or (bool(self.tail) and self._page_in())
+        """Something at the head (paged in if need be). A priority queue has a paged-out part only
+        when taken over from a mirror: it serves once all of it is in memory, in priority order."""
+        if self.tail and (not self.ready or not self.ordered):
+            self._page_in()
+            if self.tail and not self.ordered:
+                return False
+        return bool(self.ready)
 
     def pop(self) -> Entry:
         """Take the head (has_ready() said there is one)."""
@@ -305,6 +263,199 @@ class PagedQueue:
             if self.tail_expiry.get(msg_id, deadline + 1) > deadline:
                 self.tail_expiry[msg_id] = deadline
 
+    # ---- by position: a mirror's copy, and a promotion taking it over ---------------------------
+    def place(self, key: int, message: Message, delivered: bool, expires: float,
+              seen: tuple[bytes, int] | None) -> None:
+        """A message at the position its master gave it, held as a mirror holds its copy: with a
+        store, a persistent message by id alone (paged out) and a transient one in memory while
+        nothing is paged out, up to HEAD_LIMIT; a copy never reads a body back. Nearly always
+        appended; a snapshot repeating a message replaces it, a reconcile's fill puts an older
+        one among those held."""
+        older = key < self.next_seq
+        if older:
+            self.remove_keys((key,))
+        else:
+            self.next_seq = key + 1
+        store = self.store
+        if store is not None:
+            persistent = message.persistent or self.persist_all
+            if persistent or len(self.ready) >= HEAD_LIMIT or (self.tail and key > self.tail_keys[0]):
+                if older:
+                    self._page_out_after(key)       # every paged-out message stays newer than the head
+                msg_id = store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
+                                       message.props_raw, message.body, delivered=delivered,
+                                       transient=not persistent, dedup=seen)
+                self._paged_out(key, msg_id, expires)
+                return
+        entry = Entry(message, key, delivered, 0, expires)
+        if older or not self.ordered:
+            self._hold(entry)
+        else:
+            self.ready.append(entry)
+            self.ready_bytes += len(message.body)
+
+    def remove_keys(self, keys: Iterable[int], ack: bool = True) -> None:
+        """Those positions leave the queue wherever they are (a mirror applying its master's
+        removals, most of them at the head); with `ack` the store forgets them. No body is read.
+        Taken oldest first, so that a purge's or a reconcile's many keys each cost little."""
+        acked: list[int] = []
+        tail, tail_keys, ready = self.tail, self.tail_keys, self.ready
+        for key in sorted(keys):
+            if tail_keys and tail_keys[0] == key:          # the commonest: the oldest paged out
+                tail_keys.popleft()
+                msg_id = tail.popleft()
+                if self.tail_expiry:
+                    self.tail_expiry.pop(msg_id, None)
+            elif self.ordered and ready and ready[0].seq == key:     # or the oldest in memory
+                entry = ready.popleft()
+                self.ready_bytes -= len(entry.message.body)
+                msg_id = entry.msg_id
+            else:
+                msg_id = self._pull(key) or 0
+            if msg_id:
+                acked.append(msg_id)
+        if acked and ack and self.store is not None:
+            self.store.ack(self.store_id, acked)
+
+    def flag_delivered(self, keys: Iterable[int]) -> None:
+        """Those positions were delivered (or requeued) on the master: they come back redelivered
+        if this copy is promoted. A paged-out one is flagged in the store, as a delivery is."""
+        store = self.store
+        for key in keys:
+            i = _key_index(self.tail_keys, key)
+            if i >= 0:
+                if store is not None:
+                    store.deliver(self.store_id, self.tail[i])
+                continue
+            entry = self._ready_entry(key)
+            if entry is not None:
+                entry.redelivered = True
+
+    def positions(self) -> set[int]:
+        """Every position held: ready, paged out, delivered and not settled."""
+        held = set(self.tail_keys)
+        held.update(entry.seq for entry in self.ready)
+        held.update(self.outstanding)
+        return held
+
+    def entry_at(self, key: int) -> Entry | None:
+        """The message at that position (a paged-out one read from the store), or None."""
+        i = _key_index(self.tail_keys, key)
+        if i >= 0:
+            msg_id = self.tail[i]
+            message, delivered = self.read(msg_id)
+            return Entry(message, key, delivered, msg_id, self.tail_expiry.get(msg_id, 0.0))
+        return self._ready_entry(key) or self.outstanding.get(key)
+
+    def taken_over(self, recovered_deadline: Callable[[Message, float], float]) -> bool:
+        """This copy is now its queue's backing queue, as it is: no message is copied (MIR-4).
+        Those delivered on the old master come back redelivered (a quorum queue's counted as
+        returned, as a paged-out one is when read in); the head is read in now. True if some
+        message has a deadline."""
+        self._recovered_deadline = recovered_deadline
+        if self.persist_all:
+            for entry in self.ready:
+                if entry.redelivered:
+                    entry.message = returned(entry.message)
+        if self.tail:
+            self._page_in()
+        return bool(self.tail_expiry) or any(entry.expires for entry in self.ready)
+
+    @property
+    def max_priority(self) -> int | None:
+        ready = self.ready
+        return ready.max if isinstance(ready, PriorityReady) else None
+
+    def reshaped(self, max_priority: int | None) -> PagedQueue:
+        """The same messages in a queue of another shape (a copy begun before its queue's
+        arguments were known here): those in memory placed again, the paged-out part as it is."""
+        other = PagedQueue(self.store, self.store_id, max_priority, self.persist_all, self._recovered_deadline)
+        for entry in sorted(self.ready):
+            other._hold(entry)
+        other.tail, other.tail_keys, other.tail_expiry = self.tail, self.tail_keys, self.tail_expiry
+        other.outstanding, other.next_seq = self.outstanding, self.next_seq
+        return other
+
+    def _hold(self, entry: Entry) -> None:
+        """In memory, at its position."""
+        ready = self.ready
+        if isinstance(ready, PriorityReady):
+            ready.insert(entry)
+        elif not ready or ready[-1].seq < entry.seq:
+            ready.append(entry)
+        else:
+            ready.insert(bisect.bisect_left(ready, entry.seq, key=_entry_seq), entry)
+        self.ready_bytes += len(entry.message.body)
+
+    def _paged_out(self, key: int, msg_id: int, expires: float) -> None:
+        """Among the paged-out messages, at its position."""
+        tail, keys = self.tail, self.tail_keys
+        if not keys or keys[-1] < key:
+            tail.append(msg_id)
+            keys.append(key)
+        else:
+            i = bisect.bisect_left(keys, key)
+            tail.insert(i, msg_id)
+            keys.insert(i, key)
+        if expires:
+            self.tail_expiry[msg_id] = expires
+
+    def _page_out_after(self, key: int) -> None:
+        """The messages held in memory past `key` are logged (as transient, unless they are) and
+        paged out, ahead of those paged out already: an older one is about to be paged out."""
+        ready, store = self.ready, self.store
+        if store is None or not ready:
+            return
+        if isinstance(ready, PriorityReady):
+            later = ready.take_after(key)
+        else:
+            later = []
+            while ready and ready[-1].seq > key:
+                later.append(ready.pop())
+            later.reverse()
+        for entry in reversed(later):
+            message = entry.message
+            self.ready_bytes -= len(message.body)
+            msg_id = entry.msg_id or store.enqueue(self.store_id, message.exchange_raw, message.routing_key_raw,
+                                                   message.props_raw, message.body, delivered=entry.redelivered,
+                                                   transient=not (message.persistent or self.persist_all))
+            self.tail.appendleft(msg_id)
+            self.tail_keys.appendleft(entry.seq)
+            if entry.expires:
+                self.tail_expiry[msg_id] = entry.expires
+
+    def _ready_entry(self, key: int) -> Entry | None:
+        ready = self.ready
+        if isinstance(ready, PriorityReady):
+            return ready.find(key)
+        i = index_at(ready, key)
+        return ready[i] if i >= 0 else None
+
+    def _pull(self, key: int) -> int | None:
+        """Take the message at that position out: its store id (0 if not logged), None if absent."""
+        i = _key_index(self.tail_keys, key)
+        if i >= 0:
+            msg_id = self.tail[i]
+            del self.tail[i]
+            del self.tail_keys[i]
+            if self.tail_expiry:
+                self.tail_expiry.pop(msg_id, None)
+            return msg_id
+        ready = self.ready
+        entry: Entry | None
+        if isinstance(ready, PriorityReady):
+            entry = ready.remove(key)
+        else:
+            j = index_at(ready, key)
+            entry = ready[j] if j >= 0 else None
+            if entry is not None:
+                del ready[j]
+        if entry is not None:
+            self.ready_bytes -= len(entry.message.body)
+        else:
+            entry = self.outstanding.pop(key, None)
+        return entry.msg_id if entry is not None else None
+
     # ---- the store ----------------------------------------------------------------------------
     def read(self, msg_id: int) -> tuple[Message, bool]:
         """A logged message read back from the store, and whether it was delivered before."""
@@ -342,9 +493,13 @@ class PagedQueue:
                 break
             tail.popleft()
             entry = self._load(msg_id, self.tail_keys.popleft())
-            self.tail_bytes -= len(entry.message.body)
-            self.ready.append(entry)
-            self.ready_bytes += len(entry.message.body)
+            # a mirror's copy and recovered messages page out uncounted (their sizes are not known)
+            self.tail_bytes = max(0, self.tail_bytes - len(entry.message.body))
+            if self.ordered:
+                self.ready.append(entry)
+                self.ready_bytes += len(entry.message.body)
+            else:       # at its position: among those published since a copy was taken over
+                self._hold(entry)
             moved += 1
         return moved > 0
 
@@ -365,6 +520,21 @@ class PagedQueue:
 
 def _entry_seq(entry: Entry) -> int:
     return entry.seq
+
+
+def _key_index(keys: deque[int], key: int) -> int:
+    """Where `key` is in the rising, distinct `keys`, or -1; looked for within key - first of the
+    left end and last - key of the right one, so a key near either end costs little."""
+    if not keys or key < keys[0] or key > keys[-1]:
+        return -1
+    n = len(keys)
+    guess = key - keys[0]           # no gaps before it
+    if guess < n and keys[guess] == key:
+        return guess
+    lo = max(0, n - 1 - (keys[-1] - key))
+    hi = min(n, key - keys[0] + 1)
+    i = bisect.bisect_left(keys, key, lo, hi)
+    return i if i < n and keys[i] == key else -1
 
 
 if TYPE_CHECKING:

@@ -9,10 +9,13 @@ back to its own level at its original position.
 It stands in for the `deque` of a plain queue (append, popleft, [0], len,
 iteration, clear). Priority queues are kept wholly in memory: they never
 page messages out to the store's `tail` (persistent messages are still
-logged and come back after a restart).
+logged and come back after a restart); a mirror's copy, which keeps them by
+store id, is read in whole once a promotion takes it over. `insert`, `find`,
+`remove` and `take_after` address an entry by position, as a mirror does.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from typing import Iterator
@@ -81,6 +84,44 @@ class PriorityReady:
                 self.levels[index] = deque(heapq.merge(items, level))
             self._len += len(items)
 
+    def insert(self, entry: Entry) -> None:
+        """At its position in its level (a mirror's copy: nearly always the newest)."""
+        level = self.levels[self.level_of(entry)]
+        if not level or level[-1].seq < entry.seq:
+            level.append(entry)
+        else:
+            level.insert(bisect.bisect_left(level, entry.seq, key=_seq), entry)
+        self._len += 1
+
+    def find(self, seq: int) -> Entry | None:
+        """The entry at that position, whichever its level."""
+        for level in self.levels:
+            i = index_at(level, seq)
+            if i >= 0:
+                return level[i]
+        return None
+
+    def remove(self, seq: int) -> Entry | None:
+        """Take the entry at that position out, whichever its level."""
+        for level in self.levels:
+            i = index_at(level, seq)
+            if i >= 0:
+                entry = level[i]
+                del level[i]
+                self._len -= 1
+                return entry
+        return None
+
+    def take_after(self, seq: int) -> list[Entry]:
+        """Take out every entry past that position, in position order."""
+        taken: list[Entry] = []
+        for level in self.levels:
+            while level and level[-1].seq > seq:
+                taken.append(level.pop())
+        self._len -= len(taken)
+        taken.sort()
+        return taken
+
     def drop_while_expired(self, now: float) -> list[Entry]:
         """Remove the expired heads of every level (RabbitMQ expires at the heads only)."""
         dropped = []
@@ -96,3 +137,22 @@ class PriorityReady:
             if level and level[0].expires and (not soonest or level[0].expires < soonest):
                 soonest = level[0].expires
         return soonest
+
+
+def _seq(entry: Entry) -> int:
+    return entry.seq
+
+
+def index_at(entries: deque[Entry], seq: int) -> int:
+    """Where the entry at `seq` is in entries rising by position, or -1: the positions are distinct
+    integers, so it lies within seq - first of the left end and last - seq of the right one."""
+    if not entries or seq < entries[0].seq or seq > entries[-1].seq:
+        return -1
+    n = len(entries)
+    guess = seq - entries[0].seq     # no gaps before it
+    if guess < n and entries[guess].seq == seq:
+        return guess
+    lo = max(0, n - 1 - (entries[-1].seq - seq))
+    hi = min(n, seq - entries[0].seq + 1)
+    i = bisect.bisect_left(entries, seq, lo, hi, key=_seq)
+    return i if i < n and entries[i].seq == seq else -1

@@ -10,7 +10,7 @@ or its connection's socket is not draining (TCP back pressure, QOS-5).
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..protocol.replies import AMQPError, ReplyCode, vhost_text
 from . import deduplication as dd
@@ -252,17 +252,26 @@ class Queue:
         mirrored queue, held (and durable) on every synchronised mirror (CONF-4, MIR-3)."""
         self.backing.when_safe(fn, *args)
 
-    def adopt(self, contents) -> None:
-        """A promoted mirror's messages (MIR-4), a cluster.mirroring.mirror.MirrorContents, and its
+    def take_over(self, backing: PagedQueue, dedup: Iterable[tuple[bytes, int]] = ()) -> None:
+        """A promoted mirror's copy (MIR-4) becomes this new queue's messages as it is: the mirror
+        kept it in a PagedQueue like this queue's own, by position, so nothing is copied; and its
         deduplication ids (in this node's store already: the mirror wrote them)."""
         if self.dedup is not None:
-            self.dedup.replace(getattr(contents, "dedup", ()))
-        if not contents.keys:
-            return
-        if self.backing.adopt(contents, self._deadline):
-            self.expiring = True
-        if self.expiring:
-            self.drop_expired()
+            self.dedup.replace(dedup)
+        self.expiring = backing.taken_over(self._recovered_deadline) or self.expiring
+        self.backing = backing
+        if self.ttl is not None:    # as a policy's: a deadline the old master never told counts from now
+            backing.restamp(monotonic() + self.ttl / 1000.0)
+        if backing.paged_out and backing.store is not None:
+            backing.store.when_durable(self._copy_durable)     # what is not durable yet is read in then
+        self._copy_durable(True)
+
+    def _copy_durable(self, _ok: bool) -> None:
+        """Only durable messages are read in: the copy's last writes may have just landed."""
+        if not self.deleted:
+            if self.expiring:
+                self.drop_expired()
+            self.dispatch()
 
     def restore(self, messages) -> None:
         """Recovered messages (a sequence of store ids, in order)."""
