@@ -12,7 +12,7 @@ so once compacted it leaves nothing on disk.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from haremq.node.broker import commands as C
 from haremq.node.broker import policy as policies
@@ -85,7 +85,7 @@ def capture(machine: MetadataMachine) -> tuple[Callable[[], bytes], int]:
     return encode, records
 
 
-def _queue_columns(machine: MetadataMachine, vname: str, vhost: VHost, states: dict) -> tuple[list, ...]:
+def _queue_columns(machine: MetadataMachine, vname: str, vhost: Any, states: dict) -> tuple[list, ...]:
     """name, durable, auto_delete, arguments (a copy, or None), exclusive owner's key, home,
     store id: one list each."""
     names: list = []
@@ -112,7 +112,7 @@ def _queue_columns(machine: MetadataMachine, vname: str, vhost: VHost, states: d
     return names, durables, auto_deletes, arguments, owners, homes, store_ids
 
 
-def _binding_columns(vhost: VHost) -> tuple[list, ...]:
+def _binding_columns(vhost: Any) -> tuple[list, ...]:
     """source, "exchange" or "queue", destination, routing key, arguments (or None)."""
     sources: list = []
     kinds: list = []
