@@ -19,6 +19,7 @@ from haremq.node.broker.paged_queue import HEAD_LIMIT, PagedQueue
 from haremq.node.broker.queue import Consumer, Queue
 from haremq.node.protocol.properties import encode_properties
 from haremq.node.store.store import MessageStore
+from tests.test_backing_queue import Taker
 
 STORE_ID = 7
 
@@ -39,22 +40,6 @@ def copy(store=None, max_priority=None) -> PagedQueue:
 def held(queue: PagedQueue) -> list[int]:
     """Positions in memory, then paged out: the order the queue would serve them in."""
     return [entry.seq for entry in queue.ready] + list(queue.tail_keys)
-
-
-class Taker:
-    """A consumer's channel that always has room."""
-
-    closed = False
-
-    def __init__(self) -> None:
-        self.got: list = []
-
-    def can_deliver(self) -> bool:
-        return True
-
-    def deliver(self, consumer, entry) -> None:
-        consumer.unacked += 1
-        self.got.append(entry)
 
 
 def consume_all(queue: Queue) -> list:
