@@ -106,6 +106,8 @@ class Network:
         node = self.nodes[name]
         if node.role == "leader":
             assert self.leaders.setdefault(node.term, name) == name, "two leaders in one term"
+        if ready.log_writes or ready.snapshot is not None:     # the shell tells the machine what is on disk
+            replies += self.carry_out(name, node.log_durable(disk.last_index, self.now))
         return replies
 
     def deliver(self) -> None:
@@ -346,6 +348,9 @@ def elect(m: RaftMachine, now: float = ELECTION_MAX + 0.01):
     for request in votes:
         ready = m.on_vote_reply(request, VoteReply(m.name, m.term, True), now)
         if m.role == "leader":
+            durable = m.log_durable(m.persistent.last_index, now)    # the shell wrote its noop
+            ready.committed += durable.committed
+            ready.messages += durable.messages
             return ready
     raise AssertionError("not elected")
 
@@ -456,10 +461,31 @@ def test_a_silent_leader_the_failure_detector_still_hears_is_not_deposed():
 def test_a_cluster_of_one_leads_and_commits_on_its_own():
     m = machine(peers=())
     ready = m.start(0.0)
-    assert m.role == "leader" and [e.index for e in ready.committed] == [1] and not ready.messages
+    assert m.role == "leader" and not ready.committed and not ready.messages   # its noop is not on disk yet
+    assert [e.index for e in m.log_durable(1, 0.0).committed] == [1]
     index, ready = m.propose(b'{"op": "x"}', 0.1)
-    assert index == 2 and [e.command for e in ready.committed] == [b'{"op": "x"}']
-    assert [w.start for w in ready.log_writes] == [2]
+    assert index == 2 and not ready.committed and [w.start for w in ready.log_writes] == [2]
+    assert [e.command for e in m.log_durable(2, 0.1).committed] == [b'{"op": "x"}']
+
+
+def test_a_leader_counts_itself_towards_a_commit_only_for_what_it_has_written():
+    """The leader sends a follower entries it has not written yet (the shell writes them in
+    turn): acknowledged by one follower they are on one disk of three, and a commit counted
+    on the leader's memory could lose them with the leader while that follower applied them."""
+    m = machine()
+    ready = elect(m, now=2.0)
+    to_b = next(r for r in ready.messages if r.to == "b")
+    ready = m.on_append_reply(to_b, AppendReply("a", m.term, True, 1), 2.0)
+    assert m.commit_index == 1
+    [to_b] = ready.messages
+    index, _ready = m.propose(b'{"op": "x"}', 2.1)       # in memory; its write waits its turn
+    [to_b] = m.on_append_reply(to_b, AppendReply("a", m.term, True, 1), 2.1).messages
+    assert [e.index for e in to_b.entries] == [index]
+    ready = m.on_append_reply(to_b, AppendReply("a", m.term, True, index), 2.2)
+    assert m.commit_index == 1 and not ready.committed   # b's copy alone: not a majority
+    ready = m.log_durable(index, 2.3)                     # and now on the leader's disk too
+    assert m.commit_index == index and [e.index for e in ready.committed] == [index]
+    assert {r.to for r in ready.messages} == {"b"}        # b is told the commit (c is busy)
 
 
 def test_a_leader_sends_one_append_at_a_time_and_retries_a_failed_or_lost_one():
@@ -493,6 +519,7 @@ def test_membership_changes_are_taken_one_at_a_time():
     with pytest.raises(ChangePending):
         m.propose(b'{"op": "member.forget"}', 2.1, change=True)
     assert m.propose(b'{"op": "x"}', 2.1)[0] == 3      # other commands go on meanwhile
+    m.log_durable(3, 2.1)                               # the shell wrote both
     [to_b] = m.on_append_reply(to_b, AppendReply("a", m.term, True, 1), 2.2).messages
     assert [e.index for e in to_b.entries] == [2, 3]
     m.on_append_reply(to_b, AppendReply("a", m.term, True, 3), 2.2)

@@ -93,6 +93,11 @@ class RaftMachine:
         self.election: Election | None = None
         self.deadline = self._new_deadline(now)
         self._handed_out = persistent.snapshot_index   # committed entries given to the shell to apply
+        # the log's end on this node's disk, as the shell last said (log_durable): as the leader we
+        # count ourselves towards a commit only up to it. Counted from memory, an entry the leader
+        # had sent but not yet written could commit on one follower's copy and be lost with the
+        # leader, while that follower applied it.
+        self.durable_index = persistent.last_index
         self.change_index = 0                     # as the leader: the last membership change proposed
         self._ready = Ready()
 
@@ -401,7 +406,8 @@ class RaftMachine:
         return self._take()
 
     def _advance_commit(self, now: float) -> None:
-        commit = rules.leader_commit(self.persistent.last_index, [p.match_index for p in self.progress.values()],
+        ours = min(self.persistent.last_index, self.durable_index)    # what we hold counts once on disk
+        commit = rules.leader_commit(ours, [p.match_index for p in self.progress.values()],
                                      self._majority(), self.persistent.term_at, self.term, self.commit_index)
         if commit != self.commit_index:
             self.commit_index = commit
@@ -480,6 +486,14 @@ class RaftMachine:
         self.commit_index = self._handed_out = index
         self._ready.snapshot = request
         return self._append_reply(probe, True, index)
+
+    def log_durable(self, index: int, now: float) -> Ready:
+        """The shell wrote and fsynced the log up to `index` (its end then): as the leader, what
+        that commits (its entries to apply, the followers to tell)."""
+        self.durable_index = index
+        if self.role == "leader":
+            self._advance_commit(now)
+        return self._take()
 
     def compaction_point(self, index: int, keep: int, most: int) -> int:
         """Where the log may be cut once a snapshot at `index` is written: `keep` entries before

@@ -231,18 +231,26 @@ class Raft:
             if self._unwritten:           # else an earlier step's turn wrote this one's too
                 steps, self._unwritten = self._unwritten, []
                 try:
-                    await asyncio.to_thread(self._write_steps, steps)
+                    end = await asyncio.to_thread(self._write_steps, steps)
                 except Exception as exc:  # noqa: BLE001 - whatever it was, memory and disk now differ
                     self._storage_failed(exc)
+                if end is not None:
+                    # what that commits (as the leader) is applied in its own turn, after the
+                    # steps waiting now, whose entries were handed out before
+                    durable = self.machine.log_durable(end, time.monotonic())
+                    if durable.committed or durable.messages:
+                        self._tasks.spawn(self._carry_out_quietly(durable))
             if ready.snapshot is not None:
                 await self._install(ready.snapshot)
             self._apply(ready.committed)
             self._maybe_snapshot()
 
-    def _write_steps(self, steps: list[Ready]) -> None:
+    def _write_steps(self, steps: list[Ready]) -> int | None:
         """Each step's term and vote, snapshot and log writes, in order (in a thread); the log
-        appends between two term or snapshot writes with one fsync."""
+        appends between two term or snapshot writes with one fsync. The log's end on disk
+        after them (None if they wrote no entry and no snapshot)."""
         appends: list[LogWrite] = []
+        end = None
         for step in steps:
             if step.hard_state is not None or step.snapshot is not None:
                 self.storage.write_many(appends)
@@ -252,8 +260,13 @@ class Raft:
                 if step.snapshot is not None:
                     snap = step.snapshot
                     self.storage.install_snapshot(snap.last_index, snap.last_term, snap.data)
-            appends.extend(step.log_writes)
+                    end = snap.last_index          # the log emptied after it
+            for write in step.log_writes:
+                appends.append(write)
+                end = write.base + len(write.whole) if write.whole is not None else \
+                    write.start + len(write.entries) - 1
         self.storage.write_many(appends)
+        return end
 
     async def _carry_out_quietly(self, ready: Ready) -> None:
         """_carry_out for a step nobody waits on: after a storage failure it is dropped."""
