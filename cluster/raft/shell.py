@@ -36,7 +36,9 @@ not deposed while it still answers.
 
 The writes of every step waiting for the write lock go together, in step
 order, with one fsync (group commit); each step is applied and answered in
-its own turn.
+its own turn. The leader may send followers entries it has not written yet,
+and counts itself towards their commit only once it has (the machine's
+`log_durable`).
 
 The log and the vote live in DATA_DIR/raft: `state.json` (term, vote) and
 `log.jsonl` (one entry per line), appended and fsynced off the event loop
