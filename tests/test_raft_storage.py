@@ -276,6 +276,21 @@ def snapshot_of(storage, index, term, body=b'{"state": 1}'):
     return storage.commit_snapshot(tmp, index)
 
 
+def test_a_cut_held_back_at_a_snapshot_is_made_later_and_a_restart_loads_the_rest(tmp_path, syncs):
+    """A snapshot at 6 whose cut was held back at 2 for a follower then far behind; once it has
+    caught up the shell cuts the log at 5 without a new snapshot (Raft._cut_held_back)."""
+    directory = tmp_path / "raft"
+    written(directory, *(line(i) for i in range(1, 9)))
+    storage = RaftStorage(directory)
+    tmp, _size = storage.prepare_snapshot(6, 1, b'{"state": 1}')
+    assert storage.commit_snapshot(tmp, 6, cut=2)
+    assert (directory / "log.jsonl").read_text() == "".join(line(i) for i in range(3, 9))
+    storage.cut_log(5)
+    assert (directory / "log.jsonl").read_text() == line(6) + line(7) + line(8)
+    again = RaftStorage(directory)
+    assert (again.snapshot_index, again.last_index, len(again.entries)) == (6, 8, 2)
+
+
 def test_a_snapshot_cuts_the_log_and_a_restart_loads_it_with_the_tail(tmp_path, syncs):
     directory = tmp_path / "raft"
     written(directory, *(line(i, term=1 if i <= 3 else 2) for i in range(1, 8)))

@@ -182,6 +182,7 @@ class Raft:
             await asyncio.sleep(0.01 if self.machine.leader_gone() else HEARTBEAT / 3)
             try:
                 await self._carry_out(self.machine.tick(time.monotonic()))
+                self._cut_held_back()
             except asyncio.CancelledError:
                 raise
             except StorageFailed:
@@ -416,6 +417,40 @@ class Raft:
         encode, records = self.state_machine.snapshot()
         self._snapshotting = self._tasks.spawn(self._snapshot(index, term, encode, records, started))
         return self._snapshotting
+
+    def _cut_held_back(self) -> None:
+        """As the leader, a snapshot's cut may have been held back for a follower then far behind
+        (after a start that replayed a long log, or a member slow to catch up): once it has
+        caught up, the log is cut where it could be, not at the next snapshot, which an idle
+        cluster may never take."""
+        if self.state_machine is None or self._snapshotting is not None or self.failed is not None \
+                or self.role != "leader":
+            return
+        keep = self.snapshot_every // 2
+        if self._snapshot_index - self.machine.persistent.snapshot_index <= keep:
+            return          # cut as far as a snapshot cuts
+        cut = self.machine.compaction_point(self._snapshot_index, keep, 4 * self.snapshot_every)
+        if cut > self.machine.persistent.snapshot_index:
+            self._snapshotting = self._tasks.spawn(self._cut_log(self._snapshot_index))
+
+    async def _cut_log(self, index: int) -> None:
+        try:
+            async with self._io:
+                keep = self.snapshot_every // 2
+                cut = self.machine.compaction_point(index, keep, 4 * self.snapshot_every)
+                if self.failed is not None or cut <= self.machine.persistent.snapshot_index:
+                    return
+                term = self.storage.term_at(cut)
+                await asyncio.to_thread(self.storage.cut_log, cut)
+                self.machine.compact(cut, term)
+            self.log.info("raft log cut once the followers caught up", snapshot_index=index, cut=cut,
+                          entries_kept=len(self.storage.entries))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the log is kept whole: nothing is lost
+            self.log.error("raft log cut failed; the log is kept", error=repr(exc))
+        finally:
+            self._snapshotting = None
 
     async def _snapshot(self, index: int, term: int, encode, records: int, started: float) -> None:
         captured = time.monotonic() - started       # the loop's share: the rest runs in threads

@@ -239,16 +239,22 @@ class RaftStorage(PersistentState):
         os.replace(tmp, self.snapshot_path)
         sync_directory(self.directory)
         self._on_disk = index
-        if self._log_exists:
-            data = self.log_path.read_bytes()
-            pos = 0
-            while pos < len(data):         # the first line after the snapshot (indexes only grow)
-                end = data.find(b"\n", pos)
-                if end < 0 or _line_index(data[pos:end]) > cut:
-                    break
-                pos = end + 1
-            self._replace_log(data[pos:])
+        self.cut_log(cut)
         return True
+
+    def cut_log(self, cut: int) -> None:
+        """The log file keeps only the entries after `cut` (under the shell's write lock)."""
+        if not self._log_exists:
+            return
+        data = self.log_path.read_bytes()
+        pos = 0
+        while pos < len(data):         # the first line after the cut (indexes only grow)
+            end = data.find(b"\n", pos)
+            if end < 0 or _line_index(data[pos:end]) > cut:
+                break
+            pos = end + 1
+        if pos:
+            self._replace_log(data[pos:])
 
     def install_snapshot(self, index: int, term: int, blob: bytes) -> None:
         """The leader's snapshot, taken by this follower: in place, and the log emptied."""
