@@ -430,7 +430,9 @@ class Raft:
         if self._snapshot_index - self.machine.persistent.snapshot_index <= keep:
             return          # cut as far as a snapshot cuts
         cut = self.machine.compaction_point(self._snapshot_index, keep, 4 * self.snapshot_every)
-        if cut > self.machine.persistent.snapshot_index:
+        # all the way, or by half a threshold at least: a follower catching up slowly does not have
+        # the log file rewritten at every tick
+        if cut >= min(self._snapshot_index - keep, self.machine.persistent.snapshot_index + keep):
             self._snapshotting = self._tasks.spawn(self._cut_log(self._snapshot_index))
 
     async def _cut_log(self, index: int) -> None:
