@@ -25,9 +25,9 @@ _dumps = partial(json.dumps, separators=(",", ":"))
 
 
 class Rows:
-    """A list of `length` rows kept as columns: `make(start, stop)` gives rows start..stop-1."""
+    """A list of `length` rows kept as columns: `make(start, stop)` gives rows start..stop-1, a list."""
 
-    def __init__(self, length: int, make: Callable[[int, int], Sequence[object]]):
+    def __init__(self, length: int, make: Callable[[int, int], list[object]]):
         self.length = length
         self.make = make
 
@@ -65,7 +65,7 @@ def _write(value: object, parts: list[str]) -> None:
         parts.append("[")
         for start in range(0, len(value), SLICE):
             rows = value.make(start, min(start + SLICE, len(value)))
-            parts.append(("," if start else "") + _dumps(list(rows))[1:-1])
+            parts.append(("," if start else "") + _dumps(rows)[1:-1])
         parts.append("]")
     elif isinstance(value, (list, tuple)) and len(value) > SLICE:
         parts.append("[")

@@ -418,6 +418,12 @@ class Raft:
         self._snapshotting = self._tasks.spawn(self._snapshot(index, term, encode, records, started))
         return self._snapshotting
 
+    def _cut_point(self, index: int) -> int:
+        """Where the log may be cut under a snapshot at `index`: half a threshold kept before it
+        for members a little behind, more for a follower that is up and further behind, at most
+        four thresholds (RaftMachine.compaction_point)."""
+        return self.machine.compaction_point(index, self.snapshot_every // 2, 4 * self.snapshot_every)
+
     def _cut_held_back(self) -> None:
         """As the leader, a snapshot's cut may have been held back for a follower then far behind
         (after a start that replayed a long log, or a member slow to catch up): once it has
@@ -429,7 +435,7 @@ class Raft:
         keep = self.snapshot_every // 2
         if self._snapshot_index - self.machine.persistent.snapshot_index <= keep:
             return          # cut as far as a snapshot cuts
-        cut = self.machine.compaction_point(self._snapshot_index, keep, 4 * self.snapshot_every)
+        cut = self._cut_point(self._snapshot_index)
         # all the way, or by half a threshold at least: a follower catching up slowly does not have
         # the log file rewritten at every tick
         if cut >= min(self._snapshot_index - keep, self.machine.persistent.snapshot_index + keep):
@@ -438,8 +444,7 @@ class Raft:
     async def _cut_log(self, index: int) -> None:
         try:
             async with self._io:
-                keep = self.snapshot_every // 2
-                cut = self.machine.compaction_point(index, keep, 4 * self.snapshot_every)
+                cut = self._cut_point(index)
                 if self.failed is not None or cut <= self.machine.persistent.snapshot_index:
                     return
                 term = self.storage.term_at(cut)
@@ -462,8 +467,7 @@ class Raft:
             async with self._io:
                 if self.failed is not None:
                     return
-                keep = self.snapshot_every // 2
-                cut = self.machine.compaction_point(index, keep, 4 * self.snapshot_every)
+                cut = self._cut_point(index)
                 kept = await asyncio.to_thread(self.storage.commit_snapshot, tmp, index, cut)
                 if kept:
                     self.machine.compact(cut, self.storage.term_at(cut))
