@@ -7,6 +7,14 @@ import sys
 import structlog
 
 
+class _ToStructlog(logging.Handler):
+    """Libraries log through `logging` (grpc reports a servicer's exception there, behind a
+    NullHandler of its own): their warnings and errors go to the node's log, traceback and all."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        structlog.get_logger(record.name).log(record.levelno, record.getMessage(), exc_info=record.exc_info)
+
+
 def configure(level: str = "info", json: bool = False) -> None:
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
@@ -20,3 +28,5 @@ def configure(level: str = "info", json: bool = False) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    root = logging.getLogger()
+    root.handlers[:] = [_ToStructlog(logging.WARNING)]

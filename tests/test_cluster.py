@@ -63,6 +63,20 @@ def test_calls_without_the_secret_are_refused(cluster):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_a_stream_that_ends_before_its_first_message_is_answered_not_raised(cluster):
+    """A member that dies as it opens a link or a mirror stream sends nothing: the handler ends
+    the call cleanly (before, the link handler raised inside its generator, which grpc reported
+    as UNKNOWN, or as a traceback when the caller was already gone)."""
+    from haremq.cluster.rpc import cluster_pb2_grpc as pbg
+    member = cluster[0]
+    with grpc.insecure_channel(f"127.0.0.1:{member.cluster_port}") as channel:
+        stub = pbg.ClusterStub(channel)
+        md = (("x-haremq-secret", SECRET),)
+        assert list(stub.QueueSession(iter([]), metadata=md, timeout=5)) == []
+        assert list(stub.Mirror(iter([]), metadata=md, timeout=5)) == []
+    assert "Traceback" not in member.log_text()
+
+
 def tempfile_secret(directory: Path) -> Path:
     path = directory / "wrong-secret"
     path.write_text("not-the-secret")
@@ -415,6 +429,8 @@ def test_forget_node_removes_a_dead_member_for_good(cluster):
     assert hare3.proc.returncode == 1
     assert "removed from the cluster" in hare3.log_tail()
     assert ctl_json(hare1, "cluster-status")["leader"] == leader
+    for member in (hare1, hare2):     # nothing went on pinging the forgotten member's closed channel
+        assert "background task failed" not in member.log_text(), member.name
 
 
 def test_exclusive_consumer_conflicts_through_another_node_fail_the_consume(cluster):

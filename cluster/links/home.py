@@ -227,7 +227,10 @@ async def serve_link(broker, request_iterator, context, links: Links, mirroring)
     """The QueueSession handler: yields events while a task handles the calls. `links`: the
     links open on this node; `mirroring`: the node's (cluster/mirroring/manager.py)."""
     events: asyncio.Queue = asyncio.Queue()
-    first = await request_iterator.__anext__()
+    try:
+        first = await request_iterator.__anext__()
+    except StopAsyncIteration:       # the caller went before it opened the link
+        return
     if first.WhichOneof("call") != "open":
         yield pb.QueueEvent(error=pb.QueueEvent.Error(code=503, text="COMMAND_INVALID - link not opened"))
         return

@@ -93,6 +93,7 @@ class Peer:
     dialled_at: float = 0.0
     redial: bool = False                 # it pinged us while we could not reach it
     resolving: asyncio.Future | None = None
+    pinging: asyncio.Task | None = None     # its ping loop, ended when it is forgotten
 
     def is_up(self, now: float, timeout: float) -> bool:
         return self.last_seen > 0 and not self.refused and now - self.last_seen < timeout
@@ -160,7 +161,7 @@ class Membership:
             # a name that does not resolve yet is dialled as it is: gRPC resolves it meanwhile
             self._dial(peer, target or peer.address)
             peer.probe = asyncio.Event()
-            self._tasks.spawn(self._ping_loop(peer))
+            peer.pinging = self._tasks.spawn(self._ping_loop(peer))
         self._tasks.spawn(self._watch())
         self._evaluate()
 
@@ -252,7 +253,7 @@ class Membership:
         peer = self.peers[name] = Peer(name, address)
         peer.probe = asyncio.Event()
         self._dial(peer, address)          # as start() does for a name that does not resolve yet
-        self._tasks.spawn(self._ping_loop(peer))
+        peer.pinging = self._tasks.spawn(self._ping_loop(peer))
         self.log.info("member added", member=name, address=address)
         self._evaluate()
         return True
@@ -261,6 +262,9 @@ class Membership:
         peer = self.peers.pop(name, None)
         if peer is None:
             return False
+        for task in (peer.pinging, peer.resolving):    # nothing uses its channel once it is closed
+            if task is not None:
+                task.cancel()
         if peer.channel is not None:
             self._close_later(peer.channel.close())
         self._evaluate()
