@@ -70,6 +70,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -459,7 +460,18 @@ def bucket_rates(samples: list[tuple], batch: int, bucket: int, total: int) -> d
             "cpu_ms_first": 1000 * first[1] / n, "cpu_ms_last": 1000 * last[1] / n,
             "cpu_last_over_first": (last[1] / first[1]) if first[1] else 0.0,
             "written_first": first[2] / n, "written_last": last[2] / n,
+            "median_last_over_first": median_ratio(buckets),
             "bucket_seconds": [round(b, 4) for b in buckets]}
+
+
+def median_ratio(buckets: list[float], spread: int = 10) -> float:
+    """The typical bucket's time at the end over that at the start (the medians of `spread`
+    buckets each): one pause (a snapshot, a collection, the machine's other load) landing in the
+    last bucket moves the first/last ratio, not this one."""
+    if len(buckets) < 2 * spread:
+        spread = max(1, len(buckets) // 2)
+    head, tail = statistics.median(buckets[:spread]), statistics.median(buckets[-spread:])
+    return tail / head if head else 0.0
 
 
 async def settle(pid: int | None, quiet: float = 1.0, timeout: float = 60) -> None:
@@ -626,6 +638,8 @@ ROWS = [
     ("declare/s, first bucket", lambda r: r["declare"]["first"], "higher"),
     ("declare/s, last bucket", lambda r: r["declare"]["last"], "higher"),
     ("declare: last bucket's time / first's", lambda r: r["declare"]["first_over_last"], "lower"),
+    ("declare: median of the last 10 buckets' time / the first 10's", lambda r: r["declare"]["median_last_over_first"],
+     "lower"),
     ("declare: node CPU per queue, first bucket, ms", lambda r: r["declare"]["cpu_ms_first"], "lower"),
     ("declare: node CPU per queue, last bucket, ms", lambda r: r["declare"]["cpu_ms_last"], "lower"),
     ("declare: last bucket's node CPU / first's", lambda r: r["declare"]["cpu_last_over_first"], "lower"),

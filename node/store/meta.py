@@ -43,6 +43,7 @@ import queue
 import re
 import struct
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -483,6 +484,7 @@ class Snapshotter:
                 self.log.error("metadata snapshot failed; the log is kept", error=str(exc))
 
     def _take(self, number: int) -> None:
+        started = time.monotonic()
         while self._applied < number:     # every file closed since the last snapshot, in order
             current = self._applied + 1
             size = self._sizes[current]
@@ -505,4 +507,5 @@ class Snapshotter:
         self.covered = number
         self.threshold = max(LOG_MIN, len(blob))
         self.snapshots += 1
-        self.log.info("metadata snapshot written", covers=number, bytes=len(blob))
+        self.log.info("metadata snapshot written", covers=number, bytes=len(blob),
+                      seconds=round(time.monotonic() - started, 3))
