@@ -10,6 +10,7 @@ but it says when one was long, so a stall in the logs has a named cause.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 
 import structlog
@@ -46,4 +47,4 @@ class GCPauses:
         self.longest = max(self.longest, seconds)
         if seconds >= self.long_pause:
             self.log.warning("a full garbage collection stopped the node", seconds=round(seconds, 3),
-                             collected=info.get("collected", 0), objects=len(gc.get_objects(2)))
+                             collected=info.get("collected", 0), allocated_blocks=sys.getallocatedblocks())

@@ -20,7 +20,7 @@ def test_a_full_collection_is_counted_and_a_long_one_logged():
         pauses.remove()
     assert pauses.full_passes == 1 and pauses.longest > 0
     [line] = [e for e in logs if e["event"] == "a full garbage collection stopped the node"]
-    assert line["log_level"] == "warning" and line["seconds"] >= 0 and line["objects"] > 0
+    assert line["log_level"] == "warning" and line["seconds"] >= 0 and line["allocated_blocks"] > 0
     gc.collect()
     assert pauses.full_passes == 1             # removed: no longer watching
 
