@@ -44,9 +44,6 @@ class Rows:
     def __len__(self) -> int:
         return self.length
 
-    def rows(self) -> list[object]:
-        return list(self.make(0, self.length))
-
 
 def dumps_in_slices(doc: object) -> bytes:
     parts: list[str] = []
