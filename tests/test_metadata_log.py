@@ -376,3 +376,18 @@ def test_users_and_permissions_each_come_back_when_only_one_was_logged(tmp_path,
     snapshot = recovered.meta
     assert snapshot[logged] == (perms if logged == "permissions" else users)
     assert ("users" if logged == "permissions" else "permissions") not in snapshot
+
+
+def test_a_record_decodes_as_json_loads_decodes_it_and_bad_ones_fail_as_they_did():
+    """`MetaState` decodes records on a fast path; what it does not take whole goes to json.loads."""
+    state = meta.MetaState()
+    good = [b'{"op":"queue","vhost":"/","queue":{"name":"q\\u00e9","id":7,"arguments":"AAAAAA=="}}',
+            '{"op":"vhost","vhost":"caf\u00e9"}'.encode(), b' {"op":"vhost","vhost":"a"}', b'[1, 2]']
+    for raw in good:
+        assert state._decode(raw) == json.loads(raw)
+    for raw in (b'{"op":"x"} extra', b'', b'{"op":', b'\xff\xfe'):
+        with pytest.raises(ValueError) as fast:
+            state._decode(raw)
+        with pytest.raises(ValueError) as slow:
+            json.loads(raw)
+        assert type(fast.value) is type(slow.value) and str(fast.value) == str(slow.value)

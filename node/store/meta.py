@@ -45,6 +45,7 @@ import struct
 import threading
 import time
 import zlib
+from json.scanner import make_scanner
 from pathlib import Path
 
 import structlog
@@ -199,6 +200,18 @@ class MetaState:
         # While recovering: each record as `apply` decoded it, so that `as_snapshot` (once, at
         # start) decodes none a second time; dropped then.
         self._decoded: dict[bytes, dict] | None = {} if keep_decoded else None
+        self._scan = make_scanner(json.JSONDecoder())    # its own: a scanner keeps a memo
+
+    def _decode(self, raw: bytes) -> dict:
+        """`json.loads(raw)`, without its per-call overhead (2.6 us of a record's 3 on 100-byte
+        records): a snapshot of 100,000 queues applies that many. Whatever the fast path does not
+        take whole goes to `json.loads`, which decodes it or raises as ever."""
+        try:
+            text = raw.decode()
+            change, end = self._scan(text, 0)
+        except (UnicodeDecodeError, StopIteration):
+            return json.loads(raw)
+        return change if end == len(text) else json.loads(raw)
 
     def _vhost(self, name: str) -> _VHost:
         vhost = self.vhosts.get(name)
@@ -207,7 +220,7 @@ class MetaState:
         return vhost
 
     def apply(self, raw: bytes) -> None:
-        change = json.loads(raw)
+        change = self._decode(raw)
         if self._decoded is not None:
             self._decoded[raw] = change
         op = change["op"]
