@@ -68,9 +68,9 @@ import pwd
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
-import statistics
 import tempfile
 import time
 from pathlib import Path

@@ -29,4 +29,5 @@ def configure(level: str = "info", json: bool = False) -> None:
         cache_logger_on_first_use=True,
     )
     root = logging.getLogger()
-    root.handlers[:] = [_ToStructlog(logging.WARNING)]
+    if not any(isinstance(handler, _ToStructlog) for handler in root.handlers):
+        root.addHandler(_ToStructlog(logging.WARNING))

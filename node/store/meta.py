@@ -203,9 +203,9 @@ class MetaState:
         self._scan = make_scanner(json.JSONDecoder())    # its own: a scanner keeps a memo
 
     def _decode(self, raw: bytes) -> dict:
-        """`json.loads(raw)`, without its per-call overhead (2.6 us of a record's 3 on 100-byte
-        records): a snapshot of 100,000 queues applies that many. Whatever the fast path does not
-        take whole goes to `json.loads`, which decodes it or raises as ever."""
+        """`json.loads(raw)` without its per-call overhead (on a 100-byte record, 2.6 us against
+        the scanner's 1.0): a snapshot of 100,000 queues applies that many. Whatever the scanner
+        does not take whole goes to `json.loads`, which decodes it or raises as ever."""
         try:
             text = raw.decode()
             change, end = self._scan(text, 0)
