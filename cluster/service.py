@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import json
 
+import grpc
+
 from haremq.cluster.control.errors import ControlError
 from haremq.cluster.links.codec import message_from_pb
 from haremq.cluster.links.home import serve_link
 from haremq.cluster.mirroring.mirror import serve_mirror
+from haremq.cluster.raft.shell import StorageFailed
 from haremq.cluster.rpc import cluster_pb2 as pb
 from haremq.cluster.rpc import cluster_pb2_grpc as pbg
 
@@ -16,6 +19,15 @@ async def _chain(first, rest):
     yield first
     async for item in rest:
         yield item
+
+
+async def _raft_call(handle, request, context):
+    """A member whose Raft storage failed is stopping (fail-stop, logged once where it failed):
+    it answers its peers UNAVAILABLE, as a stopped one would, not with an exception per call."""
+    try:
+        return await handle(request)
+    except StorageFailed as exc:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
 
 class ClusterService(pbg.ClusterServicer):
@@ -30,16 +42,16 @@ class ClusterService(pbg.ClusterServicer):
                             not_member=request.node not in self.node.membership.peers)
 
     async def RequestVote(self, request, context):
-        return await self.node.raft.on_request_vote(request)
+        return await _raft_call(self.node.raft.on_request_vote, request, context)
 
     async def AppendEntries(self, request, context):
-        return await self.node.raft.on_append_entries(request)
+        return await _raft_call(self.node.raft.on_append_entries, request, context)
 
     async def InstallSnapshot(self, request, context):
-        return await self.node.raft.on_install_snapshot(request)
+        return await _raft_call(self.node.raft.on_install_snapshot, request, context)
 
     async def Propose(self, request, context):
-        return await self.node.raft.on_propose(request)
+        return await _raft_call(self.node.raft.on_propose, request, context)
 
     async def QueueSession(self, request_iterator, context):
         node = self.node

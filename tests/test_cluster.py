@@ -77,6 +77,27 @@ def test_a_stream_that_ends_before_its_first_message_is_answered_not_raised(clus
     assert "Traceback" not in member.log_text()
 
 
+def test_a_follower_whose_raft_log_fails_stops_with_one_error_not_a_traceback_per_call(cluster):
+    """Fail-stop: the append that fails is logged once, and the calls its peers make while it
+    stops are answered UNAVAILABLE (before, each raised out of the servicer: a traceback each)."""
+    wait_until(lambda: leader_and_term(cluster) is not None, timeout=15)
+    leader_name, _term = leader_and_term(cluster)
+    leader = next(m for m in cluster if m.name == leader_name)
+    follower = next(m for m in cluster if m.name != leader_name)
+    log = follower.data_dir / "raft" / "log.jsonl"
+    log.rename(log.with_suffix(".old"))
+    log.mkdir()                                # every append to its log fails from now on (EISDIR)
+    connection = pika.BlockingConnection(pika.URLParameters(leader.url))
+    channel = connection.channel()
+    for i in range(5):                         # the majority is the other two: these succeed
+        channel.queue_declare(f"raft.fail.{i}", durable=True)
+    connection.close()
+    assert follower.proc.wait(20) == 1
+    text = follower.log_text()
+    assert "raft storage failed: stopping the node" in text
+    assert "Traceback" not in text and "raised by servicer method" not in text
+
+
 def tempfile_secret(directory: Path) -> Path:
     path = directory / "wrong-secret"
     path.write_text("not-the-secret")
