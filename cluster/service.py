@@ -14,11 +14,13 @@ from haremq.cluster.rpc import cluster_pb2 as pb
 from haremq.cluster.rpc import cluster_pb2_grpc as pbg
 
 
-async def _chain(first, rest):
-    """The stream as it was, its first message put back."""
-    yield first
-    async for item in rest:
-        yield item
+async def _first(request_iterator):
+    """A stream's first message, or None: a caller may go before it sends one (a member killed
+    as it opens a link or a mirror stream)."""
+    try:
+        return await request_iterator.__anext__()
+    except StopAsyncIteration:
+        return None
 
 
 async def _raft_call(handle, request, context):
@@ -55,17 +57,19 @@ class ClusterService(pbg.ClusterServicer):
 
     async def QueueSession(self, request_iterator, context):
         node = self.node
-        async for event in serve_link(node.broker, request_iterator, context, node.links, node.mirroring):
+        first = await _first(request_iterator)
+        if first is None:
+            return
+        async for event in serve_link(node.broker, first, request_iterator, context, node.links, node.mirroring):
             yield event
 
     async def Mirror(self, request_iterator, context):
-        try:
-            first = await request_iterator.__anext__()
-        except StopAsyncIteration:
+        first = await _first(request_iterator)
+        if first is None:
             return
         # a returning node may hear from the master before the leader: let its log catch up first
         await self.node.mirroring.admit_stream(first.vhost, first.queue, first.epoch, first.master)
-        async for ack in serve_mirror(self.node.mirroring, _chain(first, request_iterator), context):
+        async for ack in serve_mirror(self.node.mirroring, first, request_iterator, context):
             yield ack
 
     async def Replies(self, request, context):

@@ -223,14 +223,11 @@ class Links:
         return len(links)
 
 
-async def serve_link(broker, request_iterator, context, links: Links, mirroring):
-    """The QueueSession handler: yields events while a task handles the calls. `links`: the
-    links open on this node; `mirroring`: the node's (cluster/mirroring/manager.py)."""
+async def serve_link(broker, first, request_iterator, context, links: Links, mirroring):
+    """The QueueSession handler, given the stream's first call and the rest: yields events while
+    a task handles the calls. `links`: the links open on this node; `mirroring`: the node's
+    (cluster/mirroring/manager.py)."""
     events: asyncio.Queue = asyncio.Queue()
-    try:
-        first = await request_iterator.__anext__()
-    except StopAsyncIteration:       # the caller went before it opened the link
-        return
     if first.WhichOneof("call") != "open":
         yield pb.QueueEvent(error=pb.QueueEvent.Error(code=503, text="COMMAND_INVALID - link not opened"))
         return

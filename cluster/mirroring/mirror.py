@@ -167,13 +167,10 @@ class MirrorQueue:
         return self.backing.message_count
 
 
-async def serve_mirror(mirroring, request_iterator, context):
-    """The Mirror handler: apply batches, answer with the highest sequence safely applied."""
+async def serve_mirror(mirroring, first, request_iterator, context):
+    """The Mirror handler, given the stream's first batch and the rest: apply batches, answer
+    with the highest sequence safely applied."""
     log = structlog.get_logger("haremq.mirror").bind(node=mirroring.node)
-    try:
-        first = await request_iterator.__anext__()
-    except StopAsyncIteration:
-        return
     refusal = mirroring.check_stream(first.vhost, first.queue, first.epoch, first.master)
     if refusal:
         yield pb.MirrorAck(error=refusal)

@@ -132,13 +132,15 @@ class RaftMachine:
             else:
                 self._heartbeat(now)
             return self._take()
-        if self.leader_gone():
+        leader = self._other_leader()
+        leader_up = leader is not None and self.members.is_up(leader)
+        if leader is not None and not leader_up:
             # the leader is gone (its port refuses us): no need to sit out a full timeout.
             # Every survivor sees that at once, so they go in turn (by name) rather than
             # at random: two candidates within one vote's round trip split the vote, and
             # the retry would wait a full election timeout (the slow failovers, issue 16)
-            self.deadline = min(self.deadline, now + self._stagger(self.leader))
-        elif now > self.deadline and self._leader_alive():
+            self.deadline = min(self.deadline, now + self._stagger(leader))
+        elif now > self.deadline and leader_up:
             # silent, but the failure detector still hears it: a leader whose loop was held up
             # (a garbage collection, a long batch to write and apply) is not deposed for it.
             # One that stopped answering is counted down within the failure timeout, and the
@@ -148,13 +150,14 @@ class RaftMachine:
             self._campaign(now, pre_vote=True)
         return self._take()
 
-    def _leader_alive(self) -> bool:
-        """A leader other than us is known and the failure detector still counts it up."""
-        return bool(self.leader) and self.leader != self.name and self.members.is_up(self.leader)
+    def _other_leader(self) -> str | None:
+        """The leader this node knows of, when it is another node."""
+        return self.leader if self.leader and self.leader != self.name else None
 
     def leader_gone(self) -> bool:
         """A leader other than us is known, and the failure detector sees it down."""
-        return bool(self.leader) and self.leader != self.name and not self.members.is_up(self.leader)
+        leader = self._other_leader()
+        return leader is not None and not self.members.is_up(leader)
 
     def _stagger(self, dead: str) -> float:
         """This node's turn to stand when the leader died: 0.1 s apart by name among the members

@@ -322,7 +322,7 @@ class PagedQueue:
         if this copy is promoted. A paged-out one is flagged in the store, as a delivery is."""
         store = self.store
         for key in keys:
-            i = _key_index(self.tail_keys, key)
+            i = index_at(self.tail_keys, key, None)
             if i >= 0:
                 if store is not None:
                     store.deliver(self.store_id, self.tail[i])
@@ -340,7 +340,7 @@ class PagedQueue:
 
     def entry_at(self, key: int) -> Entry | None:
         """The message at that position (a paged-out one read from the store), or None."""
-        i = _key_index(self.tail_keys, key)
+        i = index_at(self.tail_keys, key, None)
         if i >= 0:
             msg_id = self.tail[i]
             message, delivered = self.read(msg_id)
@@ -433,7 +433,7 @@ class PagedQueue:
 
     def _pull(self, key: int) -> int | None:
         """Take the message at that position out: its store id (0 if not logged), None if absent."""
-        i = _key_index(self.tail_keys, key)
+        i = index_at(self.tail_keys, key, None)
         if i >= 0:
             msg_id = self.tail[i]
             del self.tail[i]
@@ -520,21 +520,6 @@ class PagedQueue:
 
 def _entry_seq(entry: Entry) -> int:
     return entry.seq
-
-
-def _key_index(keys: deque[int], key: int) -> int:
-    """Where `key` is in the rising, distinct `keys`, or -1; looked for within key - first of the
-    left end and last - key of the right one, so a key near either end costs little."""
-    if not keys or key < keys[0] or key > keys[-1]:
-        return -1
-    n = len(keys)
-    guess = key - keys[0]           # no gaps before it
-    if guess < n and keys[guess] == key:
-        return guess
-    lo = max(0, n - 1 - (keys[-1] - key))
-    hi = min(n, key - keys[0] + 1)
-    i = bisect.bisect_left(keys, key, lo, hi)
-    return i if i < n and keys[i] == key else -1
 
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from .message import Entry
 
@@ -143,16 +143,25 @@ def _seq(entry: Entry) -> int:
     return entry.seq
 
 
-def index_at(entries: deque[Entry], seq: int) -> int:
-    """Where the entry at `seq` is in entries rising by position, or -1: the positions are distinct
-    integers, so it lies within seq - first of the left end and last - seq of the right one."""
-    if not entries or seq < entries[0].seq or seq > entries[-1].seq:
+def _itself(seq: int) -> int:
+    return seq
+
+
+def index_at(items: deque[Any], seq: int, key: Callable[[Any], int] | None = _seq) -> int:
+    """Where the item at position `seq` is in `items` rising by position (`key(item)`; with key
+    None the items are the positions themselves), or -1: the positions are distinct integers, so
+    it lies within seq - first of the left end and last - seq of the right one."""
+    if not items:
         return -1
-    n = len(entries)
-    guess = seq - entries[0].seq     # no gaps before it
-    if guess < n and entries[guess].seq == seq:
+    position = key or _itself
+    first, last = position(items[0]), position(items[-1])
+    if seq < first or seq > last:
+        return -1
+    n = len(items)
+    guess = seq - first              # no gaps before it
+    if guess < n and position(items[guess]) == seq:
         return guess
-    lo = max(0, n - 1 - (entries[-1].seq - seq))
-    hi = min(n, seq - entries[0].seq + 1)
-    i = bisect.bisect_left(entries, seq, lo, hi, key=_seq)
-    return i if i < n and entries[i].seq == seq else -1
+    lo = max(0, n - 1 - (last - seq))
+    hi = min(n, seq - first + 1)
+    i = bisect.bisect_left(items, seq, lo, hi, key=key)
+    return i if i < n and position(items[i]) == seq else -1
