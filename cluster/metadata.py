@@ -73,6 +73,10 @@ class MetadataMachine:
         self.down: dict[str, int] = {}
         self.recovered: dict[int, list] = dict(recovered or {})
         self.members: dict[str, str | None] = {}   # member.add (its address) and member.forget (None)
+        # the cluster's members as the log says them (its first noop naming them, then member.add
+        # and member.forget): mirrors and quorum members are placed on these, so every node, whatever
+        # its own peer list or when it joined, places each queue alike. None: a log from before.
+        self.placement_members: list[str] | None = None
         self.settings: dict[str, list] = {}        # the last of each SETTINGS broker call
         # Until this node applies its own node.restarted entry of this incarnation, what it
         # applies is history: the state is rebuilt, the store, the mirrors and the clients are
@@ -103,6 +107,8 @@ class MetadataMachine:
 
     # ---- entries ---------------------------------------------------------------------------
     def _noop(self, index, c):
+        if self.placement_members is None and c.members:
+            self.placement_members = sorted(c.members)
         return None
 
     def _exchange_declare(self, index, c):
@@ -133,6 +139,8 @@ class MetadataMachine:
                                         store_id=index if logged else 0)
             if logged and index in self.recovered:
                 queue.restore(self.recovered.pop(index))
+            if self.replaying:
+                queue.hold_expiry()      # armed when the replay is over, on the log's last word
         else:
             vhost.validate_new_queue(name, arguments, c.durable, c.exclusive, c.auto_delete, _method(c.method_index))
             queue = self._remote_queue(vhost, name, c.home, c.durable, owner if c.exclusive else None,
@@ -242,6 +250,10 @@ class MetadataMachine:
         """The log is replayed up to this node's return: the recovered messages of queues it does
         not master are dropped (the master has them), then it takes its part in every queue."""
         self.replaying = False
+        for vhost in self.broker.vhosts.values():
+            for queue in vhost.queues.values():
+                if not queue.remote:
+                    queue.touch()        # x-expires counts from here, as from a node's start
         dropped = self.discard_unclaimed()
         self.log.info("metadata log replayed", index=index, recovered_dropped=dropped)
         if self.mirroring is not None:
@@ -257,6 +269,8 @@ class MetadataMachine:
         """A new member joined (cluster/membership/discovery.py): every member starts pinging it and counts it
         in the majority from this entry on; the leader sends it the log from the start."""
         self.members[c.node] = c.address
+        if self.placement_members is not None and c.node not in self.placement_members:
+            self.placement_members = sorted([*self.placement_members, c.node])
         if self.on_add is not None:
             self.on_add(c.node, c.address)
         return {"added": c.node}
@@ -267,6 +281,8 @@ class MetadataMachine:
         which fail over; mirrors it held are placed again on the members left."""
         name = c.node
         self.members[name] = None
+        if self.placement_members is not None and name in self.placement_members:
+            self.placement_members = [n for n in self.placement_members if n != name]
         if name == self.node:
             if self.on_removed is not None:
                 self.on_removed(None)

@@ -56,6 +56,7 @@ def capture(machine: MetadataMachine) -> tuple[Callable[[], bytes], int]:
     permissions = broker.list_permissions()
     records += len(ha[0]) + len(users) + len(permissions)
     rest = {"returned": dict(machine.returned), "down": dict(machine.down), "members": dict(machine.members),
+            "placement_members": machine.placement_members,
             "settings": {k: list(v) for k, v in machine.settings.items()},
             "incarnations": dict(machine.mirroring.incarnations) if machine.mirroring is not None else {},
             "stopping": sorted(machine.mirroring.stopping) if machine.mirroring is not None else []}
@@ -167,6 +168,7 @@ def restore(machine: MetadataMachine, index: int, state: dict) -> None:
                     machine.recovered[queue.store_id] = ids
     # the members as of the snapshot, first: placement reads them
     machine.members = dict(state["members"])
+    machine.placement_members = state.get("placement_members")
     for name, address in machine.members.items():
         if address is not None:
             if machine.on_add is not None:

@@ -37,11 +37,14 @@ def test_an_automatic_sync_goes_from_the_snapshot_through_catching_up_to_synced(
     assert machine.phase is LinkPhase.CONNECTING and not machine.counts_for_confirms
     assert machine.wait_before_stream(in_synced=False, reachable=True) == 0
     assert machine.stream_started(10, cut_key=7, automatic=True) == (True, False)
-    assert machine.phase is LinkPhase.SYNCING and machine.streaming and not machine.counts_for_confirms
+    # receiving the stream: a classic queue's confirms wait for it, a quorum majority does not count it
+    assert machine.phase is LinkPhase.SYNCING and machine.streaming and machine.counts_for_confirms
+    assert not machine.holds_copy
     assert machine.acked_upto(9, 1.0, master_seq=12) == []          # still applying the snapshot
-    assert machine.phase is LinkPhase.SYNCING
+    assert machine.phase is LinkPhase.SYNCING and not machine.holds_copy
     assert machine.acked_upto(10, 2.0, master_seq=15) == []         # holds it: must reach 15 now
     assert machine.phase is LinkPhase.CATCHING and machine.join_seq == 15 and machine.counts_for_confirms
+    assert machine.holds_copy
     assert tick(machine, master_seq=16) == []                       # acked 10 of 15
     assert machine.acked_upto(15, 3.0, master_seq=18) == [ProposeSynced()]
     assert machine.phase is LinkPhase.PROPOSING and machine.proposing and machine.counts_for_confirms
@@ -64,7 +67,7 @@ def test_manual_sync_waits_until_every_older_message_has_left_the_queue():
     machine = LinkMachine()
     assert machine.stream_started(10, cut_key=8, automatic=False) == (False, False)
     assert machine.acked_upto(10, 1.0, master_seq=10) == []
-    assert machine.phase is LinkPhase.MANUAL and not machine.counts_for_confirms
+    assert machine.phase is LinkPhase.MANUAL and machine.counts_for_confirms and not machine.holds_copy
     assert tick(machine, oldest_key=lambda: 8, master_seq=12) == []          # key 8 is still there
     assert machine.phase is LinkPhase.MANUAL
     machine.acked_upto(14, 2.0, master_seq=14)

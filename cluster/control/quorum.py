@@ -15,6 +15,7 @@ from haremq.node.broker import commands as C
 
 from haremq.cluster.control.errors import ControlError
 from haremq.cluster.control.operations import _propose
+from haremq.cluster.mirroring.election import elect
 
 if TYPE_CHECKING:
     from haremq.cluster.control.server import Control
@@ -51,16 +52,17 @@ async def delete_member(control: Control, args: dict) -> dict:
 
 async def _remove(control: Control, state, node: str) -> dict:
     """One member leaves the group. The leader may leave too, as with `rabbitmq-queues
-    delete_member`: first it hands the queue to its oldest synchronised follower that is up (a
-    queue.promote while it still runs: it confirms nothing more, its waiting confirms are nacked
-    for the publishers to send again, and consumers on its node get basic.cancel), then it goes."""
+    delete_member`: first it hands the queue to the follower an election finds holding the most
+    (cluster/mirroring/election.py; a queue.promote while it still runs: it confirms nothing
+    more, its waiting confirms are nacked for the publishers to send again, and consumers on its
+    node get basic.cancel), then it goes."""
     if node == state.home:
-        successor = state.successor(control.node.membership.is_up)
-        if successor is None:
-            raise ControlError(f"{node} leads quorum queue '{state.name}' and no synchronised member "
-                               "that is up can take over")
-        result = await _propose(control, C.QueuePromote(state.vhost, state.name, successor, state.epoch + 1,
-                                                        state.epoch))
+        chosen = await elect(control.node.mirroring, state)
+        if chosen is None:
+            raise ControlError(f"{node} leads quorum queue '{state.name}' and no majority of its other "
+                               "members is up with a whole copy to take over")
+        result = await _propose(control, C.QueuePromote(state.vhost, state.name, chosen.node, state.epoch + 1,
+                                                        state.epoch, incarnation=chosen.incarnation))
         if not (result or {}).get("promoted") or state.home == node:
             raise ControlError(f"leadership of quorum queue '{state.name}' did not move from {node}; try again")
     return await _propose(control, C.QueueMember(state.vhost, state.name, node, False))

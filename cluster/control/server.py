@@ -16,6 +16,7 @@ from haremq.node.protocol.replies import AMQPError
 
 from haremq.cluster.control import operations, quorum
 from haremq.cluster.control.errors import ControlError
+from haremq.cluster.mirroring.election import position_of
 from haremq.cluster.rpc import cluster_pb2 as pb
 
 
@@ -112,6 +113,10 @@ class Control:
         status["sync"] = ", ".join(f"{n} {p}" for n, p in sorted(progress.items())) or None
         status.setdefault("type", "classic")
         return status
+
+    async def queue_position(self, args: dict) -> dict:
+        """A quorum queue's election asks each member how far its copy goes."""
+        return position_of(self.node.mirroring, args["vhost"], args["name"])
 
     async def sync_queue(self, args: dict) -> dict:
         return await self._at_master("sync_queue", args, cancel=False)
@@ -245,6 +250,7 @@ COMMANDS = {
     "management_rows": Control.management_rows,
     "management_close": Control.management_close,
     "sync_queue": Control.sync_queue,
+    "queue_position": Control.queue_position,
     "cancel_sync_queue": Control.cancel_sync_queue,
     **operations.COMMANDS,   # the day-2 commands
     **quorum.COMMANDS,       # the quorum-queue membership commands

@@ -50,6 +50,7 @@ class LinkPhase(str, Enum):
 
 
 IN_CONFIRM_SET = (LinkPhase.CATCHING, LinkPhase.PROPOSING, LinkPhase.SYNCED)
+RECEIVING = (LinkPhase.SYNCING, LinkPhase.MANUAL)     # on a stream, not caught up yet
 
 # how long the link waits before it tries a stream again (seconds)
 WAIT_FOR_LOG = 0.05        # the log still calls the mirror synchronised, or a synced entry is in flight
@@ -101,9 +102,19 @@ class LinkMachine:
 
     @property
     def counts_for_confirms(self) -> bool:
-        """Confirms wait for this mirror: it holds the snapshot, or may be (or be about to be)
-        called synchronised."""
-        return self.phase in IN_CONFIRM_SET or self.proposing or self.owed
+        """A classic queue's confirms wait for this mirror: it is receiving the stream (syncing,
+        or manual sync: RabbitMQ sends new messages to every mirror, synchronised or not, and
+        confirms after all of them), holds the snapshot, or may be (or be about to be) called
+        synchronised."""
+        return (self.phase in IN_CONFIRM_SET or self.proposing or self.owed
+                or (self.streaming and self.phase in RECEIVING))
+
+    @property
+    def holds_copy(self) -> bool:
+        """The mirror holds the whole queue up to `acked` (its snapshot arrived, and every op
+        since, or every message older than a manual stream has gone): a quorum member counts
+        towards a majority only then (Raft's log matching)."""
+        return self.phase in IN_CONFIRM_SET
 
     # ---- the stream's life ---------------------------------------------------------------------
     def wait_before_stream(self, in_synced: bool, reachable: bool) -> float:

@@ -30,6 +30,7 @@ from haremq.node.broker.queue_arguments import int_arg
 from haremq.node.tasks import TaskGroup
 
 from haremq.cluster.membership.members import WatchRounds
+from haremq.cluster.mirroring.election import elect
 from haremq.cluster.mirroring.mirror import MirrorQueue
 from haremq.cluster.mirroring.mirrored_queue import mirror_queue, unmirror_queue
 from haremq.cluster.mirroring.policy import QUORUM_DEFAULTS, HAState, quorum_group
@@ -38,6 +39,7 @@ from haremq.cluster.mirroring.replicator import Replicator
 TICK = 0.02         # the leader's watch: a promotion follows a master's death within a round
 RESENT_FOR = 60.0        # seconds: publishers' nodes send theirs again within a failover
 STREAM_CATCH_UP = 2.0     # how long a mirror stream waits for this node's log to catch up
+ELECTION_RETRY = 0.2      # seconds before a quorum queue's election that found no majority is held again
 
 
 class Mirroring:
@@ -56,6 +58,7 @@ class Mirroring:
         self.stopping: set[str] = set()      # nodes that said they are shutting down
         self.incarnations: dict[str, str] = {}   # member -> its latest node.restarted's incarnation
         self._promoting: dict[tuple[str, str], int] = {}
+        self._leaderless: set[tuple[str, str]] = set()   # quorum queues whose election found no majority
         self._adopted: dict[tuple[str, str], tuple[set, float]] = {}   # publish ids a promotion brought
         self._removed_ids: set = set()      # those the promoted mirror saw removed lately
         self._recent_ids: set = set()       # those of its newest messages
@@ -68,6 +71,11 @@ class Mirroring:
     # ---- what components ask of the node ----------------------------------------------------
     @property
     def members(self) -> list[str]:
+        """The members placement reads: the log's (never this node's own peer list, which a node
+        that joined later or restarted with other --peer flags may hold otherwise)."""
+        logged = self.cluster.metadata.placement_members
+        if logged is not None:
+            return logged
         return sorted([self.node, *self.cluster.membership.peers])
 
     def peer(self, name: str):
@@ -96,12 +104,11 @@ class Mirroring:
 
     # ---- the log's record ------------------------------------------------------------------
     def _definition(self, vhost_name: str, queue_name: str, quorum: bool = False) -> dict:
+        if quorum:
+            return dict(QUORUM_DEFAULTS)
         vhost = self.broker.vhosts.get(vhost_name)
         policy = winning(vhost.policies.values(), "queue", queue_name) if vhost is not None else None
-        keys = {k: v for k, v in policy.definition.items() if k.startswith("ha-")} if policy is not None else {}
-        if quorum:       # mirrored with no policy; a policy's ha- keys but the placement apply on top
-            return {**QUORUM_DEFAULTS, **{k: v for k, v in keys.items() if k not in ("ha-mode", "ha-params")}}
-        return keys
+        return {k: v for k, v in policy.definition.items() if k.startswith("ha-")} if policy is not None else {}
 
     def declared(self, queue, home: str, store_id: int) -> None:
         """queue.declare applied (a new queue; exclusive queues are never mirrored)."""
@@ -284,13 +291,11 @@ class Mirroring:
             return False
         # checked again in log order: the leader chose from its view, and an entry committed
         # since (a mirror dropped from the in-sync set) may have made its choice unsafe
-        forced = state.promote_rule(c.get("shutdown", False)) == "always" and c["home"] in state.mirrors
-        if c["home"] not in state.synced and not forced:
-            self.log.warning("promotion refused: that mirror is not synchronised", vhost=state.vhost,
-                             queue=state.name, mirror=c["home"], epoch=state.epoch)
+        if not self._may_promote(state, c):
             return False
         old_home = state.home
-        survivors = {node for node in state.synced if node not in (c["home"], old_home)}
+        replicas = state.group if state.group is not None and c.get("incarnation") else state.synced
+        survivors = {node for node in replicas if node not in (c["home"], old_home)}
         state.epoch = c["epoch"]
         state.home = c["home"]
         state.synced = []
@@ -318,6 +323,26 @@ class Mirroring:
         else:
             queue.rehome(state.home, state.epoch)
         self._take_part(state)
+        return True
+
+    def _may_promote(self, state: HAState, c: dict) -> bool:
+        """Checked again in log order: the leader chose from its view, and an entry committed
+        since (a mirror dropped from the in-sync set, a member restarted) may have made its
+        choice unsafe. A quorum queue's member was elected as holding the most (it counts
+        whatever the in-sync set says); a classic queue's mirror must be synchronised."""
+        home = c["home"]
+        if state.group is not None and c.get("incarnation"):
+            known = self.incarnations.get(home)
+            if home in state.group and (known is None or known == c["incarnation"]):
+                return True
+            self.log.warning("promotion refused: that member is no longer the one elected", vhost=state.vhost,
+                             queue=state.name, member=home, epoch=state.epoch)
+            return False
+        forced = state.promote_rule(c.get("shutdown", False)) == "always" and home in state.mirrors
+        if home not in state.synced and not forced:
+            self.log.warning("promotion refused: that mirror is not synchronised", vhost=state.vhost,
+                             queue=state.name, mirror=home, epoch=state.epoch)
+            return False
         return True
 
     def mirror_synced(self, c: dict) -> bool:
@@ -389,18 +414,44 @@ class Mirroring:
                 continue
             if self._promoting.get(state.key) == state.epoch:
                 continue
+            self._promoting[state.key] = state.epoch
+            if state.group is not None:
+                self.tasks.spawn(self._elect(state))
+                continue
             successor = state.successor(self.is_up, shutdown=state.home in self.stopping)
             if successor is None:
+                self._promoting.pop(state.key, None)
                 continue
-            self._promoting[state.key] = state.epoch
-            self.log.warning("master down: promoting a mirror", vhost=state.vhost, queue=state.name,
-                             old=state.home, new=successor, epoch=state.epoch + 1)
+            self._promote(state, successor)
 
-            def done(result, err, key=state.key):
-                if err is not None or not (result or {}).get("promoted"):
-                    self._promoting.pop(key, None)     # tried again on a later tick
-            self.cluster.submit(QueuePromote(state.vhost, state.name, successor, state.epoch + 1, state.epoch,
-                                             state.home in self.stopping), done, forward_if_deposed=False)
+    def _promote(self, state: HAState, successor: str, incarnation: str = "") -> None:
+        self.log.warning("master down: promoting a mirror", vhost=state.vhost, queue=state.name,
+                         old=state.home, new=successor, epoch=state.epoch + 1)
+
+        def done(result, err, key=state.key):
+            if err is not None or not (result or {}).get("promoted"):
+                self._promoting.pop(key, None)     # tried again on a later tick
+        self.cluster.submit(QueuePromote(state.vhost, state.name, successor, state.epoch + 1, state.epoch,
+                                         state.home in self.stopping, incarnation), done, forward_if_deposed=False)
+
+    async def _elect(self, state: HAState) -> None:
+        """A quorum queue's leader is down: promote the member an election finds holding the
+        most, or try again after a while (fewer than a majority answered with a whole copy)."""
+        key, epoch = state.key, state.epoch
+        chosen = await elect(self, state)
+        current = self.states.get(key) is state and state.epoch == epoch
+        if current and chosen is not None:
+            self._leaderless.discard(key)
+            self._promote(state, chosen.node, chosen.incarnation)
+            return
+        if current:
+            if key not in self._leaderless:
+                self._leaderless.add(key)
+                self.log.warning("quorum queue leader down: waiting for a majority of its members with a whole copy",
+                                 vhost=state.vhost, queue=state.name, members=state.group, epoch=epoch)
+            await asyncio.sleep(ELECTION_RETRY)
+        if self._promoting.get(key) == epoch:
+            self._promoting.pop(key)
 
     # ---- publishes sent again to a new master (CONF-4) --------------------------------------------
     def adopted(self, queue, acked_here=frozenset()) -> None:

@@ -56,6 +56,7 @@ class MirrorQueue:
         self.backing = PagedQueue(self.store, store_id, max_priority, persist_all, _no_deadline)
         self.stream = None                      # the stream now feeding it; an older one stops
         self.whole = False                      # holds a full snapshot and every op after it
+        self.position = (0, 0)                  # (epoch, sequence) of the master's last op written durably
         # publish ids of the newest messages, and of those removed lately (consumed, maybe before
         # their publisher saw the confirm): a publisher's node sends those again to a promoted
         # mirror, which must not enqueue them twice
@@ -188,6 +189,7 @@ async def serve_mirror(mirroring, first, request_iterator, context):
 
     def ack(ok: bool, seq: int) -> None:
         if ok and not fenced():
+            mirror.position = (first.epoch, seq)
             acks.put_nowait(seq)
 
     async def apply_batches():

@@ -34,8 +34,8 @@ def mirror_nodes(definition: dict | None, home: str, members: list[str]) -> list
 
 
 QUORUM_DEFAULT_GROUP = 3      # RabbitMQ's default x-quorum-initial-group-size: up to three members
-# what a quorum-declared queue is mirrored with, no policy needed; a policy's ha- keys other than
-# ha-mode and ha-params (the group is fixed when the queue is declared) apply on top
+# what a quorum-declared queue is replicated with, no policy needed; a policy's ha- keys never
+# apply to it (RabbitMQ applies them to classic queues only)
 QUORUM_DEFAULTS = {"ha-sync-mode": "automatic", "ha-promote-on-failure": "when-synced",
                    "ha-promote-on-shutdown": "when-synced"}
 

@@ -15,10 +15,13 @@ master's queue pages to its store exactly as an unmirrored one does.
 Synchronisation, one link at a time, is cluster/mirroring/link_machine.py's
 LinkMachine: its phases (syncing, manual, catching, proposing, synced, ...) and
 when a mirror is proposed synchronised or dropped; a MirrorLink carries out what
-it asks. Confirms wait for every synced mirror (by the log) and every catching
-one, so a mirror the log calls synchronised holds every message ever confirmed.
-A synced mirror that stops answering is dropped from the log's in-sync set after
-the failure timeout, and only then do confirms go on without it.
+it asks. A classic queue's confirms wait for every synced mirror (by the log) and
+every one receiving the stream, syncing or catching up, so a mirror the log calls
+synchronised holds every message ever confirmed. A synced mirror that stops
+answering is dropped from the log's in-sync set after the failure timeout, and
+only then do confirms go on without it. A quorum queue's confirms wait for a
+majority of its members instead (`majority_upto`), and its failover picks the
+member holding the most (cluster/mirroring/election.py).
 """
 from __future__ import annotations
 
@@ -56,6 +59,18 @@ def enqueue_op(seq: int, message, redelivered: bool, expires: float, seen=None):
                            ttl_left_ms=left)
     return pb.MirrorOp(kind=ENQUEUE, key=seq, message=message_to_pb(message), redelivered=redelivered,
                        ttl_left_ms=left, dedup_id=seen[0], dedup_seen_ms=seen[1])
+
+
+def majority_upto(group, whole: dict[str, int], own: int) -> int:
+    """A quorum queue's commit rule (Raft's): the newest sequence a majority of its members hold
+    durably. The master's own copy counts up to `own` (confirms reach the replicator only after
+    the local write); a mirror in `whole` (node -> sequence acked) only while it holds the whole
+    queue. Below a majority nothing more is confirmed, and nothing is nacked."""
+    others = len(group) // 2          # copies besides the master's that make a majority
+    if not others:
+        return own
+    acked = sorted((seq for node, seq in whole.items() if node in group), reverse=True)
+    return min(own, acked[others - 1]) if len(acked) >= others else 0
 
 
 class MirrorRefused(Exception):
@@ -175,19 +190,26 @@ class Replicator:
 
     # ---- confirms (MIR-3) ----------------------------------------------------------------------
     def confirm_nodes(self) -> set[str]:
-        """Every mirror the log calls synchronised, or may call so: one whose "synced" entry is
-        in flight counts even if its stream dropped meanwhile, until the entry is decided."""
+        """A classic queue's: every mirror the log calls synchronised, or may call so (one whose
+        "synced" entry is in flight counts even if its stream dropped meanwhile, until the entry
+        is decided), and every mirror receiving the stream, synchronised or catching up."""
         nodes = set(self.state.synced)
         nodes.update(n for n, link in self.links.items() if link.machine.counts_for_confirms)
         nodes.discard(self.mirroring.node)
         return nodes
 
     def safe_upto(self) -> int:
+        if self.state.group is not None:
+            return self.majority_upto()
         upto = self.seq
         for node in self.confirm_nodes():
             link = self.links.get(node)
             upto = min(upto, link.acked if link is not None else 0)
         return upto
+
+    def majority_upto(self) -> int:
+        whole = {node: link.acked for node, link in self.links.items() if link.machine.holds_copy}
+        return majority_upto(self.state.group or (), whole, self.seq)
 
     def when_replicated(self, seq: int, ok: bool, fn, args) -> None:
         if not ok or self.closed or self._too_few_copies():

@@ -230,7 +230,8 @@ class RaftMachine:
         self.log.info("raft leader", term=self.term)
         # An entry of our own term lets earlier entries commit (Raft's commitment rule).
         self._append(self.persistent.last_index + 1,
-                     [(self.term, json.dumps({"op": "noop", "leader": self.name}).encode())])
+                     [(self.term, json.dumps({"op": "noop", "leader": self.name,
+                                              "members": sorted([self.name, *self.members.peers])}).encode())])
         self.change_index = self.persistent.last_index    # an earlier entry may be a change: wait for this one
         self._advance_commit(now)
         self._replicate(now)          # the followers hear of us now, not a heartbeat later

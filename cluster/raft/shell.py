@@ -294,6 +294,17 @@ class Raft:
             self.on_failure(f"raft storage failed in {self.storage.directory}: {reason}")
         raise StorageFailed(f"raft storage failed: {reason}") from exc
 
+    def _apply_failed(self, index: int, exc: BaseException) -> None:
+        """Fail-stop, as for a storage failure: an entry every other member applies and this one
+        could not would leave this member differing from them for good, silently."""
+        reason = f"applying entry {index} failed: {type(exc).__name__}: {exc}"
+        self.failed = reason
+        self.log.exception("applying a metadata entry failed: stopping the node", index=index)
+        self._fail_waiters(reason)
+        if self.on_failure is not None:
+            self.on_failure(reason)
+        raise StorageFailed(reason) from exc
+
     async def _call(self, request: VoteRequest | AppendRequest | SnapshotRequest) -> None:
         """One request to a peer; its answer (or that there was none) goes back to the machine."""
         peer = self.membership.peers.get(request.to)
@@ -586,9 +597,8 @@ class Raft:
             self.last_applied = entry.index
             try:
                 result = self.apply(entry.index, entry.command)
-            except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the log
-                self.log.exception("applying metadata entry failed", index=entry.index)
-                result = {"error": [541, f"INTERNAL_ERROR - {type(exc).__name__}", 0, 0]}
+            except Exception as exc:
+                self._apply_failed(entry.index, exc)
             waiter = self._waiters.pop(entry.index, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(result)

@@ -44,8 +44,11 @@ class Command:
 
 @dataclass(frozen=True)
 class Noop(Command, op="noop"):
-    """A new Raft leader's first entry (it commits the entries of earlier terms)."""
+    """A new Raft leader's first entry (it commits the entries of earlier terms), with the
+    members as it sees them: the first one a log holds fixes the cluster's members for placement
+    (cluster/metadata.py's `placement_members`); member.add and member.forget change them."""
     leader: str = ""
+    members: list = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -152,12 +155,15 @@ class MemberAdd(Command, op="member.add"):
 
 @dataclass(frozen=True)
 class QueuePromote(Command, op="queue.promote"):
+    """The master moves to `home`. For a quorum queue `incarnation` is the member's as it
+    answered the election (cluster/mirroring/election.py): void if it restarted since."""
     vhost: str
     name: str
     home: str
     epoch: int
     from_epoch: int
     shutdown: bool = False
+    incarnation: str = ""
 
 
 @dataclass(frozen=True)

@@ -336,6 +336,12 @@ class Queue:
             return
         self._unused_timer = call_later(self.expires / 1000.0, self._on_unused_timer)
 
+    def hold_expiry(self) -> None:
+        """No x-expires timer while the metadata log is replayed: touch() arms it afresh after."""
+        if self._unused_timer is not None:
+            self._unused_timer.cancel()
+            self._unused_timer = None
+
     def _on_unused_timer(self) -> None:
         self._unused_timer = None
         if self.deleted or self.consumers:
