@@ -271,6 +271,8 @@ class MetadataMachine:
         self.members[c.node] = c.address
         if self.placement_members is not None and c.node not in self.placement_members:
             self.placement_members = sorted([*self.placement_members, c.node])
+            if self.mirroring is not None:
+                self.mirroring.policies_changed()    # ha-mode all (or nodes) may now take it in
         if self.on_add is not None:
             self.on_add(c.node, c.address)
         return {"added": c.node}

@@ -157,6 +157,7 @@ class Node:
         self.port = port or free_port()
         self.host = HOST           # the address it binds and is reached on (a 127.0.0.x of its own if set)
         self.external = external
+        self.env: dict[str, str] = {}     # added to the node process's environment
         self.proc: subprocess.Popen | None = None
         self._log_fh = None
 
@@ -184,9 +185,10 @@ class Node:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log_fh = open(self.log_path, "ab")
+        env = {**os.environ, **self.env} if self.env else None
         self.proc = subprocess.Popen(self.argv(), stdout=self._log_fh, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                     cwd=str(PROJECT_ROOT))
+                                     cwd=str(PROJECT_ROOT), env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

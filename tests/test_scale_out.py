@@ -10,7 +10,7 @@ import random
 import pika
 
 from haremq.cluster.membership.discovery import dns_members
-from tests.clusters import SECRET, ClusterMember, HostNames, ctl, ctl_json, launch, stop_cluster
+from tests.clusters import SECRET, ClusterMember, HostNames, control, ctl, ctl_json, launch, stop_cluster
 from tests.conftest import free_port, wait_until
 
 
@@ -70,6 +70,74 @@ def test_a_fourth_member_from_dns_joins_the_running_three(tmp_path):
         r = ctl(members[0], "add-vhost", "scaled")
         assert r.returncode == 0, r.stderr
         wait_until(lambda: any(v["name"] == "scaled" for v in ctl_json(fourth, "list-vhosts")), timeout=10)
+    finally:
+        stop_cluster(members, {"close": lambda: None})
+        hosts.close()
+
+
+def test_placement_is_the_logs_after_a_scale_out_a_failover_and_restarts(tmp_path):
+    """Mirrors and quorum members are placed on the members the log records, so a member that
+    joined later (its peer list has four names from its start), one restarted with another peer
+    list, one that loads a snapshot and one that replays its whole log all say the same."""
+    hosts = HostNames()
+    service = f"{hosts.tag}.haremq.test"
+    base = f"127.0.{random.randint(100, 250)}"
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    amqp_port, cluster_port = free_port(), free_port()
+
+    def member(i: int) -> ClusterMember:
+        hosts.point(f"hare-{i}.{service}", f"{base}.{10 + i}")
+        m = ClusterMember(f"hare-{i}", tmp_path / f"hare-{i}", cluster_port, {}, secret, failure_timeout=3.0)
+        m.port = amqp_port
+        m.host = f"{base}.{10 + i}"
+        m.extra_args = ["--peers-dns", service, "--replicas", "3"]
+        return m
+
+    def records(m) -> dict:
+        return {(r["vhost"], r["name"]): (r["master"], r["epoch"], r["mirrors"], r.get("members"))
+                for r in control(m, "queue_records")}
+
+    members = [member(i) for i in range(3)]
+    members[2].env = {"HAREMQ_RAFT_SNAPSHOT_ENTRIES": "20"}     # loads a snapshot and the log after it
+    try:
+        launch(members)
+        wait_until(lambda: len(ctl_json(members[0], "cluster-status")["running"]) == 3, timeout=20)
+        control(members[0], "broker_call", method="set_policy",
+                args=["/", "ha-all", "^place[.]c", {"ha-mode": "all", "ha-sync-mode": "automatic"}, "queues", 0])
+        conn = pika.BlockingConnection(pika.ConnectionParameters(members[0].host, amqp_port))
+        ch = conn.channel()
+        ch.queue_declare("place.c", durable=True)
+        ch.queue_declare("place.q", durable=True, arguments={"x-queue-type": "quorum"})
+        for i in range(40):                   # entries enough for hare-2's snapshots
+            ch.queue_declare(f"filler.{i}", durable=True)
+        conn.close()
+
+        fourth = member(3)
+        launch([fourth])
+        members.append(fourth)
+        for m in members:
+            wait_until(lambda m=m: len(ctl_json(m, "cluster-status")["running"]) == 4, timeout=30,
+                       message=f"{m.name} does not count four members running:\n{m.log_tail()}")
+        members[0].kill9()                    # the master of both
+        wait_until(lambda: all(records(members[1]).get(("/", q), ("hare-0",))[0] != "hare-0"
+                               for q in ("place.c", "place.q")), timeout=30,
+                   message="the queues never failed over from hare-0")
+        for m in (members[0], members[2], fourth):      # each replays: a new peer list, a snapshot, all
+            if m is not members[0]:
+                m.kill9()
+            m.start(timeout=60)
+        for m in members:
+            wait_until(lambda m=m: len(ctl_json(m, "cluster-status")["running"]) == 4, timeout=30)
+
+        def agreed():
+            views = [records(m) for m in members]
+            picked = [{k: v for k, v in view.items() if k[1].startswith("place.")} for view in views]
+            return picked if all(p == picked[0] for p in picked) and len(picked[0]) == 2 else None
+        views = wait_until(agreed, timeout=20, message="the members place the queues differently: "
+                           + "; ".join(f"{m.name} {records(m)}" for m in members))
+        master, _epoch, mirrors, _group = views[0][("/", "place.c")]
+        assert "hare-3" in mirrors + [master]     # ha-mode all took the newcomer in, on every member
     finally:
         stop_cluster(members, {"close": lambda: None})
         hosts.close()

@@ -118,6 +118,11 @@ class Control:
         """A quorum queue's election asks each member how far its copy goes."""
         return position_of(self.node.mirroring, args["vhost"], args["name"])
 
+    async def queue_records(self, args: dict) -> list:
+        """What this member's log says of every replicated queue: master, epoch, mirrors, members."""
+        return [dict(st.as_json(), vhost=st.vhost, name=st.name)
+                for st in self.node.mirroring.states.values() if st.mirrors or st.group is not None]
+
     async def sync_queue(self, args: dict) -> dict:
         return await self._at_master("sync_queue", args, cancel=False)
 
@@ -251,6 +256,7 @@ COMMANDS = {
     "management_close": Control.management_close,
     "sync_queue": Control.sync_queue,
     "queue_position": Control.queue_position,
+    "queue_records": Control.queue_records,
     "cancel_sync_queue": Control.cancel_sync_queue,
     **operations.COMMANDS,   # the day-2 commands
     **quorum.COMMANDS,       # the quorum-queue membership commands
