@@ -48,6 +48,7 @@ ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, p
 SNAPSHOT_BATCH = 1000
 RECONCILE_BATCH = 50_000     # keys per batch of a reconcile
 MAX_BATCH_OPS = 4000
+BATCH_BYTES = 16 << 20       # bodies per batch, live or sync; a larger message goes alone
 
 
 def enqueue_op(seq: int, message, redelivered: bool, expires: float, seen=None):
@@ -88,6 +89,7 @@ class Replicator:
         self.queue = None
         self.seq = 0
         self.ops: list = []               # ops not yet sent on every open stream
+        self.op_bytes: list[int] = []     # the body size each of them carries
         self.ops_start = 1                # sequence of ops[0]
         self.links: dict[str, MirrorLink] = {}
         self.waiting: deque = deque()     # (seq, fn, args, since): confirms waiting for mirrors
@@ -129,12 +131,13 @@ class Replicator:
             fn(ok, *args)
 
     # ---- changes, as the queue applies them -------------------------------------------------
-    def _push(self, op) -> None:
+    def _push(self, op, size: int = 0) -> None:
         self.seq += 1
         if not self.links:
             self.ops_start = self.seq + 1
             return
         self.ops.append(op)
+        self.op_bytes.append(size)
         for link in self.links.values():
             link.wake()
 
@@ -147,7 +150,7 @@ class Replicator:
         self._push(pb.MirrorOp(kind=kind, keys=keys))
 
     def enqueue(self, seq: int, message, redelivered: bool, expires: float, seen=None) -> None:
-        self._push(enqueue_op(seq, message, redelivered, expires, seen))
+        self._push(enqueue_op(seq, message, redelivered, expires, seen), len(message.body))
 
     @property
     def dedup_size(self) -> int:
@@ -182,11 +185,20 @@ class Replicator:
         drop = upto - self.ops_start + 1
         if drop >= 1024 or (drop > 0 and drop == len(self.ops)):
             del self.ops[:drop]
+            del self.op_bytes[:drop]
             self.ops_start += drop
 
     def ops_after(self, seq: int) -> list:
+        """The next batch: up to MAX_BATCH_OPS ops and BATCH_BYTES of bodies (at least one op),
+        so no batch nears the channel's message limit whatever the messages' sizes."""
         start = seq + 1 - self.ops_start
-        return self.ops[start:start + MAX_BATCH_OPS]
+        end, total = start, 0
+        for size in self.op_bytes[start:start + MAX_BATCH_OPS]:
+            total += size
+            if total > BATCH_BYTES and end > start:
+                break
+            end += 1
+        return self.ops[start:end]
 
     # ---- confirms (MIR-3) ----------------------------------------------------------------------
     def confirm_nodes(self) -> set[str]:
@@ -449,16 +461,17 @@ class MirrorLink:
         if reader is not None:
             n = 0
             started = time.monotonic()
-            async for chunk in self._snapshot_chunks(reader):
-                if stream_id != self._stream_id:
-                    return
-                batch = pb.MirrorBatch(ops=[enqueue_op(seq, message, delivered, expires)
-                                            for seq, message, delivered, expires in chunk])
-                # a sync takes at most about half of the loop: the queue keeps serving at speed
-                await asyncio.sleep(time.monotonic() - started)
-                yield batch
-                started = time.monotonic()
-                self.sync_sent += len(chunk)
+            async for whole_chunk in self._snapshot_chunks(reader):
+                for chunk in _by_bytes(whole_chunk):
+                    if stream_id != self._stream_id:
+                        return
+                    batch = pb.MirrorBatch(ops=[enqueue_op(seq, message, delivered, expires)
+                                                for seq, message, delivered, expires in chunk])
+                    # a sync takes at most about half of the loop: the queue keeps serving at speed
+                    await asyncio.sleep(time.monotonic() - started)
+                    yield batch
+                    started = time.monotonic()
+                    self.sync_sent += len(chunk)
                 n += 1
                 if n % 50 == 0:
                     rep.log.info("sync progress", mirror=self.node, sent=self.sync_sent, total=self.sync_total)
@@ -477,6 +490,25 @@ class MirrorLink:
             ops = rep.ops_after(self.sent_upto)
             self.sent_upto += len(ops)
             yield pb.MirrorBatch(first_seq=first, ops=ops, dedup_size=rep.dedup_size)
+
+
+def _by_bytes(chunk: list) -> list[list]:
+    """A sync chunk cut into batches of at most BATCH_BYTES of bodies (a larger message alone):
+    1,000 messages of 300 KiB in one batch passed the channel's limit, and the sync failed for
+    ever (RESOURCE_EXHAUSTED at every retry)."""
+    parts: list[list] = []
+    part: list = []
+    total = 0
+    for item in chunk:
+        size = len(item[1].body)
+        if part and total + size > BATCH_BYTES:
+            parts.append(part)
+            part, total = [], 0
+        part.append(item)
+        total += size
+    if part:
+        parts.append(part)
+    return parts
 
 
 def _next_write(store) -> asyncio.Future[None]:

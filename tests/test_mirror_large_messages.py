@@ -1,0 +1,36 @@
+"""Mirror sync with messages whose batch of 1,000 would pass the channel's 256 MiB limit: the
+sync is cut by bytes, so a restarted mirror of a queue of large messages gets back in sync."""
+from __future__ import annotations
+
+import pika
+import pytest
+
+from tests.clusters import control, mirror_every_queue
+from tests.conftest import pika_conn, unique_name, wait_until
+
+pytestmark = pytest.mark.cluster(failure_timeout=3.0)
+
+COUNT = 300
+BODY = b"m" * (1 << 20)      # 300 MiB in all
+
+
+def _row(member, name):
+    return next((r for r in control(member, "list_queues", local=True) if r["name"] == name), None)
+
+
+def test_a_restarted_mirror_of_a_queue_of_large_messages_gets_back_in_sync(cluster):
+    hare1, hare2, _hare3 = cluster
+    mirror_every_queue(hare1)
+    name = unique_name("large.sync")
+    ch = pika_conn(hare1).channel()
+    ch.queue_declare(name, durable=True)
+    wait_until(lambda: sorted((_row(hare1, name) or {}).get("synchronised_mirrors") or []) == ["hare2", "hare3"],
+               timeout=20)
+    ch.confirm_delivery()
+    for _ in range(COUNT):
+        ch.basic_publish("", name, BODY, pika.BasicProperties(delivery_mode=2))
+    hare2.kill9()
+    hare2.start(timeout=60)
+    wait_until(lambda: "hare2" in ((_row(hare1, name) or {}).get("synchronised_mirrors") or []), timeout=60,
+               message="the restarted mirror never got back in sync:\n" + hare1.log_tail())
+    assert _row(hare1, name)["messages"] == COUNT
