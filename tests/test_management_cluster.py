@@ -160,3 +160,46 @@ def test_actions_on_queues_homed_elsewhere_and_definitions_through_the_log(clust
         assert user in users
         bindings = api(member, "GET", f"/api/bindings/{q(vhost)}")[1]
         assert any(b["source"] == "fan" and b["destination"] == imported for b in bindings)
+
+
+def test_definitions_from_any_member_hold_every_binding_and_restore_the_routing(cluster):
+    """A backup from one member is the whole cluster's: the bindings of queues mastered on the
+    other members too (they were left out), quorum queues as `type: quorum`; restored, each
+    export routes a message to every queue it bound."""
+    exchange = unique_name("defs.fan")
+    names = [unique_name(f"defs.d{i}") for i in (1, 2, 3)] + [unique_name("defs.qq")]
+    for i, member in enumerate(cluster.values()):
+        ch = pika.BlockingConnection(pika.URLParameters(member.url)).channel()
+        if i == 0:
+            ch.exchange_declare(exchange, "fanout", durable=True)
+        ch.queue_declare(names[i], durable=True)
+        if i == 0:
+            ch.queue_declare(names[3], durable=True, arguments={"x-queue-type": "quorum"})
+        ch.connection.close()
+    ch = pika.BlockingConnection(pika.URLParameters(cluster["hare1"].url)).channel()
+    for name in names:
+        ch.queue_bind(name, exchange)
+    ch.connection.close()
+    for member in cluster.values():
+        def complete(m=member):
+            got = api(m, "GET", "/api/definitions")[1]
+            bound = {b["destination"] for b in got["bindings"] if b["source"] == exchange}
+            return got if bound == set(names) else None
+        exported = wait_until(complete, 10, message=f"{member.name}'s export lacks bindings")
+        kinds = {r["name"]: r["type"] for r in exported["queues"]}
+        assert kinds[names[3]] == "quorum" and kinds[names[0]] == "classic"
+        restored = unique_name(f"restored.{member.name}")
+        mine = {"vhosts": [{"name": restored}],
+                "permissions": [{"user": "guest", "vhost": restored, "configure": ".*", "write": ".*", "read": ".*"}],
+                **{kind: [dict(row, vhost=restored) for row in exported[kind] if row["vhost"] == "/"
+                          and (row.get("name") in names or row.get("source") == exchange or row.get("name") == exchange)]
+                   for kind in ("queues", "exchanges", "bindings")}}
+        assert api(member, "POST", "/api/definitions", mine)[0] == 204
+        url = member.url.rsplit("/", 1)[0] + "/" + q(restored)
+        ch = pika.BlockingConnection(pika.URLParameters(url)).channel()
+        ch.confirm_delivery()
+        ch.basic_publish(exchange, "", b"routed", pika.BasicProperties(delivery_mode=2))
+        for name in names:
+            wait_until(lambda n=name: ch.queue_declare(n, passive=True).method.message_count == 1, 10,
+                       message=f"{name} did not get the message through {member.name}'s restored export")
+        ch.connection.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .auth import SHA256
 from .exchange import Exchange
-from .vhost import is_durable
+from .queue_arguments import is_quorum
 from ..version import __version__
 
 RABBIT_VERSION = "3.10.8"
@@ -102,6 +102,15 @@ def _plain(table: dict) -> dict:
     return out
 
 
+def _exported(destination) -> bool:
+    """A binding is exported if its destination is: a durable exchange, or a durable queue that is
+    not exclusive, whichever member masters it (a handle of a queue mastered elsewhere has no
+    store here, and testing the store left out every binding of another member's queues)."""
+    if isinstance(destination, Exchange):
+        return destination.durable
+    return bool(destination.durable) and destination.exclusive_owner is None
+
+
 def export_definitions(broker) -> dict:
     queues, exchanges, bindings = [], [], []
     for vname, vhost in broker.vhosts.items():
@@ -109,7 +118,7 @@ def export_definitions(broker) -> dict:
             if queue.exclusive_owner is None:
                 queues.append({"name": queue.name, "vhost": vname, "durable": queue.durable,
                                "auto_delete": queue.auto_delete, "arguments": _plain(queue.arguments),
-                               "type": "classic"})
+                               "type": "quorum" if is_quorum(queue.arguments) else "classic"})
         for exchange in vhost.exchanges.values():
             if exchange.name and not exchange.name.startswith("amq.") and exchange.durable:
                 exchanges.append({"name": exchange.name, "vhost": vname, "type": exchange.type.value,
@@ -118,7 +127,7 @@ def export_definitions(broker) -> dict:
             if not exchange.name or not exchange.durable:
                 continue
             for destination, key, arguments in exchange.bindings():
-                if not is_durable(destination):
+                if not _exported(destination):
                     continue
                 bindings.append({"source": exchange.name, "vhost": vname, "destination": destination.name,
                                  "destination_type": "exchange" if isinstance(destination, Exchange) else "queue",
