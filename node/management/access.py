@@ -6,8 +6,11 @@ from aiohttp import web
 
 from . import auth
 from . import inputs
+from . import serializers as js
+from .pagination import listing
 from .responses import as_json, bad_request, created, no_content, not_found
 from .routes import Routes, log
+from .samples import with_samples
 
 HASHING = ("rabbit_password_hashing_sha256", "rabbit_password_hashing_sha512", "rabbit_password_hashing_md5")
 
@@ -60,16 +63,22 @@ class AccessRoutes(Routes):
         await self.broker_call("delete_user", name)
         return no_content()
 
-    def _vhost_json(self, name: str) -> dict:
+    def _vhost_json(self, name: str, totals: dict | None = None) -> dict:
         nodes = [member.name for member in self.view.members()]
         return {"name": name, "description": "Default virtual host" if name == "/" else "", "tags": [],
                 "metadata": {"description": "", "tags": []}, "tracing": False,
-                "cluster_state": dict.fromkeys(nodes, "running")}
+                "cluster_state": dict.fromkeys(nodes, "running"),
+                **(totals or js.vhost_totals([{"vhost": name}])[name])}     # no queues: zeros
+
+    async def _totals(self) -> dict[str, dict]:
+        return js.vhost_totals(await self.rows("queues"))
 
     async def vhosts(self, request) -> web.Response:
         caller = request["caller"]
-        return as_json([self._vhost_json(n) for n in list(self.broker.vhosts)
-                        if auth.can_see_vhost(self.broker, caller, n)])
+        totals = await self._totals()
+        rows = [self._vhost_json(n, totals.get(n)) for n in list(self.broker.vhosts)
+                if auth.can_see_vhost(self.broker, caller, n)]
+        return as_json(listing(request, with_samples(request, rows), ("name",)))
 
     async def vhost(self, request) -> web.Response:
         name = request.match_info["name"]
@@ -77,7 +86,7 @@ class AccessRoutes(Routes):
             raise not_found()
         if not auth.can_see_vhost(self.broker, request["caller"], name):
             raise auth.Refused("User not authorised to access virtual host")
-        return as_json(self._vhost_json(name))
+        return as_json(with_samples(request, self._vhost_json(name, (await self._totals()).get(name))))
 
     async def put_vhost(self, request) -> web.Response:
         auth.require_admin(request["caller"])
@@ -98,8 +107,14 @@ class AccessRoutes(Routes):
         return no_content()
 
     async def permissions(self, request) -> web.Response:
+        """Every permission, or one vhost's (/api/vhosts/{vhost}/permissions) or one user's
+        (/api/users/{user}/permissions)."""
         auth.require_admin(request["caller"])
-        return as_json(self.broker.list_permissions())
+        vhost, user = request.match_info.get("vhost"), request.match_info.get("user")
+        if (vhost is not None and vhost not in self.broker.vhosts) or \
+                (user is not None and self.broker.users.get(user) is None):
+            raise not_found()
+        return as_json([p for p in self.broker.list_permissions(vhost) if user is None or p["user"] == user])
 
     async def permission(self, request) -> web.Response:
         auth.require_admin(request["caller"])

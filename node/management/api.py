@@ -23,9 +23,14 @@ concept:
     connections.py  connections, channels, consumers
     access.py       users, vhosts, permissions
     policies.py     policies
+    absent.py       what HareMQ has none of, listed empty: feature flags, limits, operator
+                    policies, runtime parameters, topic permissions
+    ui.py           what RabbitMQ's own management UI asks beside the objects (/api/auth, unauthenticated)
     definitions.py  the definitions document, exported and imported
     health.py       health checks and the aliveness test
     routes.py       what they share (the caller's view, request bodies, admin calls)
+    pagination.py   RabbitMQ's sorting and paging of a listing; samples.py, the samples in
+                    `*_details` that a UI's charts ask for
     responses.py    answers and refusals, and the check against forged requests
 """
 from __future__ import annotations
@@ -37,6 +42,7 @@ from aiohttp import web
 
 from . import auth
 from . import inputs
+from .absent import AbsentRoutes
 from .access import AccessRoutes
 from .bindings import BindingRoutes
 from .connections import ConnectionRoutes
@@ -49,6 +55,7 @@ from .policies import PolicyRoutes
 from .queues import QueueRoutes
 from .responses import SAFE_METHODS, HTTPError, as_json, refuse_forgery
 from .routes import log
+from .ui import PUBLIC, UIRoutes
 
 if TYPE_CHECKING:
     from .cluster_view import ClusterView
@@ -67,16 +74,21 @@ class ManagementAPI:
 
     # ---- the application --------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors], client_max_size=64 << 20)
+        # `/api/users/` is `/api/users`, as in RabbitMQ (its UI asks for both): a redirect
+        slashes = web.normalize_path_middleware(append_slash=False, remove_slash=True)
+        app = web.Application(middlewares=[slashes, self._errors], client_max_size=64 << 20)
         r = app.router
         shared = (self.broker, self.view, self.sampler)
         overview, queues, exchanges = OverviewRoutes(*shared, self.listeners), QueueRoutes(*shared), ExchangeRoutes(*shared)
         bindings, connections, access = BindingRoutes(*shared), ConnectionRoutes(*shared), AccessRoutes(*shared)
         policies, definitions, health = PolicyRoutes(*shared), DefinitionRoutes(*shared), HealthRoutes(*shared)
+        ui, absent = UIRoutes(*shared), AbsentRoutes(*shared)
         r.add_get("/", self.page)
         r.add_get("/index.html", self.page)
         r.add_static("/static/", STATIC)
         get, put, delete, post = r.add_get, r.add_put, r.add_delete, r.add_post
+        get("/api/auth", ui.auth_settings)
+        get("/api/extensions", ui.extensions)
         get("/api/overview", overview.overview)
         get("/api/cluster-name", overview.cluster_name)
         get("/api/whoami", overview.whoami)
@@ -96,6 +108,7 @@ class ManagementAPI:
         put("/api/exchanges/{vhost}/{name}", exchanges.declare_exchange)
         delete("/api/exchanges/{vhost}/{name}", exchanges.delete_exchange)
         post("/api/exchanges/{vhost}/{name}/publish", exchanges.publish)
+        get("/api/exchanges/{vhost}/{name}/bindings/{end:source|destination}", bindings.exchange_bindings)
         get("/api/bindings", bindings.bindings)
         get("/api/bindings/{vhost}", bindings.bindings)
         get("/api/bindings/{vhost}/e/{source}/{dtype:[qe]}/{destination}", bindings.binding_list)
@@ -104,17 +117,21 @@ class ManagementAPI:
         get("/api/connections", connections.connections)
         get("/api/connections/{name}", connections.connection)
         delete("/api/connections/{name}", connections.close_connection)
+        get("/api/connections/{name}/channels", connections.connection_channels)
         get("/api/channels", connections.channels)
+        get("/api/channels/{name}", connections.channel)
         get("/api/consumers", connections.consumers)
         get("/api/consumers/{vhost}", connections.consumers)
         get("/api/users", access.users)
         get("/api/users/{name}", access.user)
         put("/api/users/{name}", access.put_user)
         delete("/api/users/{name}", access.delete_user)
+        get("/api/users/{user}/permissions", access.permissions)
         get("/api/vhosts", access.vhosts)
         get("/api/vhosts/{name}", access.vhost)
         put("/api/vhosts/{name}", access.put_vhost)
         delete("/api/vhosts/{name}", access.delete_vhost)
+        get("/api/vhosts/{vhost}/permissions", access.permissions)
         get("/api/permissions", access.permissions)
         get("/api/permissions/{vhost}/{user}", access.permission)
         put("/api/permissions/{vhost}/{user}", access.put_permission)
@@ -124,6 +141,18 @@ class ManagementAPI:
         get("/api/policies/{vhost}/{name}", policies.policy)
         put("/api/policies/{vhost}/{name}", policies.put_policy)
         delete("/api/policies/{vhost}/{name}", policies.delete_policy)
+        for path in ("/api/feature-flags", "/api/vhost-limits", "/api/vhost-limits/{vhost}", "/api/user-limits",
+                     "/api/user-limits/{user}", "/api/operator-policies", "/api/operator-policies/{vhost}",
+                     "/api/parameters", "/api/parameters/{component}", "/api/parameters/{component}/{vhost}",
+                     "/api/global-parameters", "/api/topic-permissions", "/api/vhosts/{vhost}/topic-permissions",
+                     "/api/users/{user}/topic-permissions"):
+            get(path, absent.listing(path))
+        for path in ("/api/feature-flags/{name}/enable", "/api/vhost-limits/{vhost}/{name}",
+                     "/api/user-limits/{user}/{name}", "/api/operator-policies/{vhost}/{name}",
+                     "/api/parameters/{component}/{vhost}/{name}", "/api/global-parameters/{name}",
+                     "/api/topic-permissions/{vhost}/{user}"):
+            put(path, absent.refuse)
+            delete(path, absent.refuse)
         get("/api/definitions", definitions.definitions)
         post("/api/definitions", definitions.import_definitions)
         get("/api/health/checks/alarms", health.alarms)
@@ -141,12 +170,13 @@ class ManagementAPI:
             if request.path.startswith("/api/"):
                 if request.method not in SAFE_METHODS:
                     refuse_forgery(request)
-                request["caller"] = auth.authenticate(self.broker, request)
+                if request.path not in PUBLIC:
+                    request["caller"] = auth.authenticate(self.broker, request)
             return await handler(request)
         except auth.Refused as exc:
             if exc.reason == "Login failed":
                 log.info("management login refused", peer=auth.peer_of(request)[0], path=request.path)
-            return auth.error(401, exc.kind, exc.reason)
+            return auth.error(401, exc.kind, exc.reason, exc.challenge)
         except HTTPError as exc:
             return as_json({"error": exc.kind, "reason": exc.reason}, exc.status)
         except inputs.BadInput as exc:

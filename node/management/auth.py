@@ -46,20 +46,28 @@ class Caller:
         return bool(self.tags & {"administrator", "policymaker"})
 
 
-def error(status: int, kind: str, reason: str) -> web.Response:
-    headers = {"WWW-Authenticate": REALM} if status == 401 else None
+def error(status: int, kind: str, reason: str, challenge: bool = False) -> web.Response:
+    """RabbitMQ's refusal body; `challenge` adds `WWW-Authenticate` (see Refused)."""
+    headers = {"WWW-Authenticate": REALM} if challenge else None
     return web.Response(status=status, text=json.dumps({"error": kind, "reason": reason}),
                         content_type="application/json", headers=headers)
 
 
 class Refused(Exception):
     """Raised by a route: answered as RabbitMQ's 401 with this reason (RabbitMQ spells the
-    error `not_authorized` for a failed login and `not_authorised` for a missing right)."""
+    error `not_authorized` for a failed login and `not_authorised` for a missing right).
 
-    def __init__(self, reason: str, kind: str = "not_authorised"):
+    `challenge`: only a request that carried no credentials is asked for them with
+    `WWW-Authenticate: Basic`, as RabbitMQ's management plugin decides it. A browser answers a
+    challenge with its own password dialog, even to a script's request, so a refusal of
+    credentials that were given (a wrong password typed into a UI's sign-in form, a user
+    without the right) must not carry one: the UI shows its own message instead."""
+
+    def __init__(self, reason: str, kind: str = "not_authorised", challenge: bool = False):
         super().__init__(reason)
         self.reason = reason
         self.kind = kind
+        self.challenge = challenge
 
 
 def credentials(request: web.Request) -> tuple[str, str] | None:
@@ -85,7 +93,7 @@ def authenticate(broker, request: web.Request) -> Caller:
     """The caller, or Refused("Login failed") / Refused("Not management user")."""
     given = credentials(request)
     if given is None:
-        raise Refused("Login failed", "not_authorized")
+        raise Refused("Login failed", "not_authorized", challenge=True)
     name, password = given
     peer = peer_of(request)
     if broker.authenticate(name, password, peer[0]) is None:

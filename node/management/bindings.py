@@ -27,6 +27,20 @@ class BindingRoutes(Routes):
             raise not_found()
         return vhost, source, destination, kind
 
+    async def exchange_bindings(self, request) -> web.Response:
+        """/api/exchanges/{vhost}/{name}/bindings/source (bindings from the exchange) or
+        .../destination (bindings to it)."""
+        vhost = self.vhost_of(request, act=False)
+        name = "" if request.match_info["name"] == "amq.default" else request.match_info["name"]
+        if name not in vhost.exchanges:
+            raise not_found()
+        if request.match_info["end"] == "source":
+            rows = [b for b in js.bindings(vhost.name, vhost) if b["source"] == name]
+        else:
+            rows = [b for b in js.bindings(vhost.name, vhost)
+                    if b["destination_type"] == "exchange" and b["destination"] == name]
+        return as_json(rows)
+
     async def binding_list(self, request) -> web.Response:
         vhost, source, destination, kind = self._binding_ends(request)
         rows = [b for b in js.bindings(vhost.name, vhost) if b["source"] == source

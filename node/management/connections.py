@@ -5,19 +5,29 @@ from __future__ import annotations
 from aiohttp import web
 
 from . import auth
+from .pagination import listing
 from .responses import as_json, no_content, not_found
 from .routes import Routes, log
+from .samples import with_samples
 
 
 class ConnectionRoutes(Routes):
     async def connections(self, request) -> web.Response:
-        return as_json(self.own(request, self.visible(request, await self.rows("connections"))))
+        rows = self.own(request, self.visible(request, await self.rows("connections")))
+        return as_json(listing(request, with_samples(request, rows)))
 
     async def connection(self, request) -> web.Response:
         for row in self.own(request, await self.rows("connections")):
             if row["name"] == request.match_info["name"]:
-                return as_json(row)
+                return as_json(with_samples(request, row))
         raise not_found()
+
+    async def connection_channels(self, request) -> web.Response:
+        name = request.match_info["name"]
+        if not any(row["name"] == name for row in self.own(request, await self.rows("connections"))):
+            raise not_found()
+        rows = [r for r in self.own(request, await self.rows("channels")) if r["connection_details"]["name"] == name]
+        return as_json(listing(request, rows, ("number",)))
 
     async def close_connection(self, request) -> web.Response:
         """Close a client connection (320 CONNECTION_FORCED), on whichever member it is connected to."""
@@ -35,7 +45,14 @@ class ConnectionRoutes(Routes):
         return no_content()
 
     async def channels(self, request) -> web.Response:
-        return as_json(self.own(request, self.visible(request, await self.rows("channels"))))
+        rows = self.own(request, self.visible(request, await self.rows("channels")))
+        return as_json(listing(request, with_samples(request, rows)))
+
+    async def channel(self, request) -> web.Response:
+        for row in self.own(request, await self.rows("channels")):
+            if row["name"] == request.match_info["name"]:
+                return as_json(with_samples(request, row))
+        raise not_found()
 
     async def consumers(self, request) -> web.Response:
         rows = self.own(request, await self.rows("consumers"))

@@ -8,15 +8,17 @@ from pamqp import commands as spec
 
 from . import inputs
 from . import serializers as js
+from .pagination import listing
 from .responses import as_json, bad_request, created, no_content, not_found
 from .routes import Routes
+from .samples import with_samples
 
 
 class ExchangeRoutes(Routes):
     async def exchanges(self, request) -> web.Response:
         rows = [js.exchange_json(vname, x) for vname, v in list(self.broker.vhosts.items())
                 for x in list(v.exchanges.values())]
-        return as_json(self.visible(request, rows))
+        return as_json(listing(request, with_samples(request, self.visible(request, rows)), ("vhost", "name")))
 
     def _exchange_name(self, request) -> str:
         name = request.match_info["name"]
@@ -27,7 +29,7 @@ class ExchangeRoutes(Routes):
         exchange = vhost.exchanges.get(self._exchange_name(request))
         if exchange is None:
             raise not_found()
-        return as_json(js.exchange_json(vhost.name, exchange))
+        return as_json(with_samples(request, js.exchange_json(vhost.name, exchange)))
 
     async def declare_exchange(self, request) -> web.Response:
         vhost = self.vhost_of(request)

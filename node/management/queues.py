@@ -7,8 +7,10 @@ from pamqp import commands as spec
 
 from . import inputs
 from . import serializers as js
+from .pagination import listing
 from .responses import as_json, created, no_content, not_found
 from .routes import Routes, log
+from .samples import with_samples
 
 ACKMODES = {"ack_requeue_true": ("reject", True), "ack_requeue_false": ("ack", False),
             "reject_requeue_true": ("reject", True), "reject_requeue_false": ("reject", False)}
@@ -28,7 +30,8 @@ class QueueRoutes(Routes):
         return sorted(rows, key=lambda r: (r["vhost"], r["name"]))
 
     async def queues(self, request) -> web.Response:
-        return as_json(self.visible(request, await self._queue_rows()))
+        rows = self.visible(request, await self._queue_rows())
+        return as_json(listing(request, with_samples(request, rows), ("vhost", "name")))
 
     async def queue(self, request) -> web.Response:
         vhost = self.vhost_of(request, act=False)
@@ -37,7 +40,9 @@ class QueueRoutes(Routes):
             raise not_found()
         for row in await self._queue_rows():
             if row["vhost"] == vhost.name and row["name"] == name:
-                return as_json(row)
+                row["consumer_details"] = [c for c in self.own(request, await self.rows("consumers"))
+                                           if c["queue"] == {"name": name, "vhost": vhost.name}]
+                return as_json(with_samples(request, row))
         raise not_found()
 
     async def declare_queue(self, request) -> web.Response:

@@ -29,12 +29,19 @@ def refuse_forgery(request: web.Request) -> None:
     `curl -X PUT .../api/vhosts/v` in RabbitMQ's guides): only a script can send those methods,
     and only after that preflight. And a request that names its page's origin (`Origin`,
     which browsers send on every such request) is taken only from the API's own origin, the
-    scheme, host and port it was asked on (403)."""
+    scheme, host and port it was asked on (403).
+
+    A request that a browser says comes from the API's own origin may send its JSON under
+    another type: only a page served by the API's origin can send it, and RabbitMQ's own
+    management UI (served there, e.g. behind a proxy) posts its publish and get requests
+    without a Content-Type, which the browser sends as text/plain."""
     origin = request.headers.get("Origin")
     if origin is not None and not same_origin(origin, request):
         raise HTTPError(403, "forbidden", f"cross-origin request refused: Origin {origin[:200]} "
                         f"is not this API's {request.scheme}://{request.host}")
     if request.method in ("PUT", "DELETE") and not request.body_exists:
+        return
+    if origin is not None:
         return
     if request.content_type != "application/json":
         given = request.headers.get("Content-Type", "none")[:100]

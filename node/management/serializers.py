@@ -98,6 +98,31 @@ def mirroring_fields(node: str | None, status: dict | None) -> dict:
     return fields
 
 
+def vhost_totals(queue_rows: list[dict]) -> dict[str, dict]:
+    """Per vhost, its queues' message counts and message counters with their rates, under the
+    names RabbitMQ's vhost objects give them (a queue whose home is down counts nothing)."""
+    counts: dict[str, list[int]] = {}
+    counters: dict[str, list[float]] = {}
+    for row in queue_rows:
+        c = counts.setdefault(row["vhost"], [0, 0])
+        c[0] += row.get("messages_ready") or 0
+        c[1] += row.get("messages_unacknowledged") or 0
+        stats = row.get("message_stats") or {}
+        m = counters.setdefault(row["vhost"], [0, 0, 0, 0.0, 0.0, 0.0])
+        for i, key in enumerate(("publish", "deliver_get", "ack")):
+            m[i] += stats.get(key, 0)
+            m[3 + i] += stats.get(key + "_details", {}).get("rate", 0.0)
+    out = {}
+    for vname, (ready, unacked) in counts.items():
+        m = counters[vname]
+        out[vname] = {"messages": ready + unacked, "messages_details": details(0.0),
+                      "messages_ready": ready, "messages_ready_details": details(0.0),
+                      "messages_unacknowledged": unacked, "messages_unacknowledged_details": details(0.0),
+                      "message_stats": message_stats(int(m[0]), int(m[1]), int(m[2]),
+                                                     [round(r, 1) for r in m[3:]])}
+    return out
+
+
 def with_policy(row: dict, vhost) -> dict:
     policy = winning(vhost.policies.values(), "queue", row["name"]) if vhost is not None else None
     row["policy"] = policy.name if policy is not None else None
@@ -107,6 +132,10 @@ def with_policy(row: dict, vhost) -> dict:
 
 
 # ---- exchanges and bindings -------------------------------------------------------------------
+EXCHANGE_TYPES = [{"name": t, "description": f"AMQP {t} exchange", "enabled": True}
+                  for t in ("direct", "fanout", "headers", "topic")]
+
+
 def exchange_json(vname: str, exchange: Exchange) -> dict:
     return {"name": exchange.name, "vhost": vname, "type": exchange.type.value, "durable": exchange.durable,
             "auto_delete": exchange.auto_delete, "internal": exchange.internal,

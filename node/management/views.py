@@ -11,9 +11,11 @@ node's ClusterView (cluster_view.py).
 from __future__ import annotations
 
 import os
+import resource
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..version import __version__
 from . import serializers as js
 from .stats import local_queues
 
@@ -60,9 +62,39 @@ def node_json(broker, view: ClusterView) -> dict:
            "mem_alarm": "memory" in alarms,
            "disk_free": status.get("disk_free"), "disk_free_limit": status.get("disk_free_limit"),
            "disk_free_alarm": any(a.startswith("disk") for a in alarms),
-           "partitions": [], "being_drained": False, "alarms": sorted(alarms), "paused": False}
+           "partitions": [], "being_drained": False, "alarms": sorted(alarms), "paused": False,
+           **process_fields(broker), **RABBITMQ_NODE_FIELDS}
     row.update(view.node_fields())
     return row
+
+
+def process_fields(broker) -> dict:
+    """The process's own figures under RabbitMQ's names (its file and socket descriptors, its
+    data directory). `*_details` are there for the rates and samples RabbitMQ's UI charts
+    (samples.py); Erlang's process counts have no HareMQ counterpart and are left out."""
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        fds = None
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    fd_total = limit if limit != resource.RLIM_INFINITY else None
+    store = getattr(broker, "store", None)
+    return {"fd_used": fds, "fd_total": fd_total, "sockets_used": sum(1 for _ in client_sessions(broker)),
+            "sockets_total": fd_total, "processors": os.cpu_count(),
+            "db_dir": str(getattr(store, "data_dir", "")), "config_files": [], "log_files": [],
+            **{f"{key}_details": {"rate": 0.0} for key in ("fd_used", "sockets_used", "mem_used", "disk_free")}}
+
+
+# what RabbitMQ's UI reads of a node that is fixed for HareMQ: no plugins, its exchange types
+# and SASL mechanisms, no Erlang VM
+RABBITMQ_NODE_FIELDS: dict[str, Any] = {
+    "rates_mode": "basic", "mem_calculation_strategy": "rss", "net_ticktime": None, "run_queue": 0,
+    "applications": [{"name": "haremq", "description": "HareMQ", "version": __version__}],
+    "enabled_plugins": [], "metrics_gc_queue_length": {}, "ra_open_file_metrics": {},
+    "exchange_types": js.EXCHANGE_TYPES,
+    "auth_mechanisms": [{"name": m, "description": f"SASL {m} authentication mechanism", "enabled": True}
+                        for m in ("PLAIN", "AMQPLAIN")],
+}
 
 
 def close_local(broker, name: str, reason: str) -> bool:
