@@ -8,44 +8,32 @@ import html
 import http.server as http_server
 import json
 import os
-import shutil
 import threading
 from pathlib import Path
 
 import pika
 import pytest
 
+from tests.browser import chromium, needs_chromium
 from tests.conftest import IS_REF, PROJECT_ROOT, free_port, unique_name, wait_until
 from tests.management import ManagedNode, http, q
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
 try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
-except ImportError:       # pragma: no cover - selenium is a test dependency
-    webdriver = None
+except ImportError:       # pragma: no cover - selenium is a test dependency (needs_chromium skips)
+    By = None  # type: ignore[misc,assignment]
 
 pytestmark = [
     pytest.mark.skipif(IS_REF, reason="starts and kills cluster node processes"),
     pytest.mark.cluster(management=True),
-    pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
-                       reason="no chromium/chromedriver (apt-get install chromium chromium-driver)"),
-    pytest.mark.skipif(webdriver is None, reason="selenium is not installed"),
+    *needs_chromium,
 ]
 ARTIFACTS = Path(os.environ.get("HAREMQ_TEST_ARTIFACTS", PROJECT_ROOT / "test-artifacts"))
 
 
 @pytest.fixture
 def browser(tmp_path):
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,1000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=DRIVER))
+    driver = chromium(tmp_path / "chromium-profile")
     yield driver
     driver.quit()
 
