@@ -120,6 +120,7 @@ def test_the_objects_behind_the_ui_pages(mnode):
         assert len(channels) == 1 and channels[0]["connection_details"]["name"] == name
         status, channel, _ = mnode.api("GET", f"/api/channels/{q(channels[0]['name'])}")
         assert status == 200 and channel["consumer_count"] == 1
+        assert [c["consumer_tag"] for c in channel["consumer_details"]] == ["ui-consumer"]
         vhost = wait_until(lambda: (lambda v: v if v["messages"] is not None and
                                     v["message_stats"]["publish"] >= 1 else None)(
             mnode.api("GET", "/api/vhosts/%2F")[1]), 10, 0.1)

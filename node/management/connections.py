@@ -49,8 +49,11 @@ class ConnectionRoutes(Routes):
         return as_json(listing(request, with_samples(request, rows)))
 
     async def channel(self, request) -> web.Response:
+        name = request.match_info["name"]
         for row in self.own(request, await self.rows("channels")):
-            if row["name"] == request.match_info["name"]:
+            if row["name"] == name:
+                row["consumer_details"] = [c for c in self.own(request, await self.rows("consumers"))
+                                           if c["channel_details"]["name"] == name]
                 return as_json(with_samples(request, row))
         raise not_found()
 

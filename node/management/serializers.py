@@ -61,7 +61,7 @@ def queue_row(vname: str, queue: QueuePort, node: str, sampler=None, mirroring: 
         "messages_details": details(0.0), "messages_ready_details": details(0.0),
         "messages_unacknowledged_details": details(0.0),
         "message_bytes": queue.message_bytes, "message_bytes_ready": queue.message_bytes,
-        "messages_paged_out": queue.paged_out,
+        "messages_paged_out": queue.paged_out, "messages_ram": ready + unacked - queue.paged_out,
         "message_stats": message_stats(published, delivered, acked, rates),
         "exclusive_consumer_tag": None, "single_active_consumer_tag": None,
         **queue.dedup_stats,
