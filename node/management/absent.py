@@ -19,7 +19,7 @@ RIGHTS = {"feature-flags": auth.require_admin, "topic-permissions": auth.require
 
 
 class AbsentRoutes(Routes):
-    def listing(self, path: str):
+    def empty(self, path: str):
         """The handler for one of the paths above: an empty list, once the caller may see it and
         the vhost or user the path names exists."""
         kind = path.split("/")[-1] if path.endswith("topic-permissions") else path.split("/")[2]

@@ -146,7 +146,7 @@ class ManagementAPI:
                      "/api/parameters", "/api/parameters/{component}", "/api/parameters/{component}/{vhost}",
                      "/api/global-parameters", "/api/topic-permissions", "/api/vhosts/{vhost}/topic-permissions",
                      "/api/users/{user}/topic-permissions"):
-            get(path, absent.listing(path))
+            get(path, absent.empty(path))
         for path in ("/api/feature-flags/{name}/enable", "/api/vhost-limits/{vhost}/{name}",
                      "/api/user-limits/{user}/{name}", "/api/operator-policies/{vhost}/{name}",
                      "/api/parameters/{component}/{vhost}/{name}", "/api/global-parameters/{name}",
