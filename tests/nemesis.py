@@ -1,7 +1,8 @@
 """A randomized fault schedule (a nemesis, as Jepsen runs them) on a three-node cluster.
 
 From a seed, a sequence of faults: SIGKILL of a queue's master, of any member or of the
-metadata leader (restarted at once or left down for a few faults), SIGSTOP/SIGCONT, a member
+metadata leader (restarted at once or left down for a few faults), a member's disk lost (killed,
+its data dir wiped, started empty), SIGSTOP/SIGCONT, a member
 cut off from the others, a bridge (two members cut from each other, both still seeing the
 third), and whole-cluster restarts (all members SIGKILLed at once, a power cut, or stopped in
 turn, as `docker compose down`). Meanwhile a publisher with confirms and a consumer with manual
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -110,6 +112,14 @@ class Mesh:
         finally:
             os.close(fd)
         return filler
+
+    def wipe(self, name: str) -> None:
+        """Everything in a member's data dir goes (the dir itself may be a mount point)."""
+        for child in self.by_name[name].data_dir.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
 
     def start(self, names=NAMES) -> None:
         for name in names:
@@ -312,8 +322,8 @@ class Nemesis:
     restarts (so the cluster keeps a majority between them)."""
 
     KINDS = ("kill-master", "kill-member", "kill-leader", "pause", "isolate", "bridge", "restart-all", "disk-full",
-             "reset")
-    WEIGHTS = (4, 3, 2, 2, 2, 2, 1, 2, 2)
+             "reset", "disk-lost")
+    WEIGHTS = (4, 3, 2, 2, 2, 2, 1, 2, 2, 2)
 
     def __init__(self, mesh: Mesh, seed: int, log=print):
         self.mesh = mesh
@@ -421,6 +431,19 @@ class Nemesis:
                 self.mesh.cut(name, other)
         self.mesh.heal()
         return f"{name}'s connections to the others reset"
+
+    def _disk_lost(self) -> str:
+        """A member's disk lost: SIGKILLed, its data dir wiped (a replaced volume), started empty
+        at once or after a while. What it held must be on the others: every confirm on a mirrored
+        or quorum queue rests on more than one disk."""
+        name = self.rng.choice(self._alive())
+        self.mesh.kill(name)
+        self.mesh.wipe(name)
+        seconds = self.rng.choice([0.0, self.rng.uniform(0.0, 8.0)])
+        time.sleep(seconds)
+        self.mesh.start([name])
+        self.mesh.wait_serving([name])
+        return f"{name}'s disk lost: SIGKILLed, wiped, started empty after {seconds:.1f} s"
 
     def _disk_full(self) -> str:
         """A member's disk full for a while: publishes are nacked (the disk alarm); a member that
