@@ -111,6 +111,30 @@ def test_timed_persistent_run_adds_up(url, tmp_path):
     assert "msg/s" in r.stderr               # the closing human summary
 
 
+def test_queue_args_declare_the_queue_with_them(url, tmp_path):
+    """PerfTest's -qa: a quorum queue (durable whatever -f says), its arguments as typed values."""
+    import pika
+    queue = _queue("qa")
+    out = tmp_path / "qa.json"
+    r = perf("-h", url, "-x", "1", "-y", "1", "-c", "10", "-C", "100", "-u", queue, "--json", str(out),
+             "-qa", "x-queue-type=quorum,x-max-length=100000")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["consumed"] == 100
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        # the same arguments again: equivalent, so declare-ok; another type would be 406
+        conn.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum",
+                                                                      "x-max-length": 100000})
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "classic"})
+        assert err.value.reply_code == 406
+    finally:
+        conn.close()
+    r = perf("-h", url, "-C", "1", "-qa", "x-queue-type")
+    assert r.returncode == 2 and "key=value" in r.stderr and len(r.stderr.strip().splitlines()) <= 2, r.stderr
+
+
 def test_message_count_run_is_drained(url, tmp_path):
     out = tmp_path / "count.json"
     r = perf("-h", url, "-x", "1", "-y", "1", "-s", "100", "-c", "50", "-q", "20", "-A", "5",

@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("-z", "--time", type=float, metavar="SECONDS", help="publish for this long, then drain and stop")
     a("-C", "--pmessages", type=int, metavar="N", help="messages per producer, then drain and stop")
     a("--json", metavar="FILE", help="write the JSON summary to FILE ('-' for stdout)")
+    a("-qa", "--queue-args", type=queue_arguments, default={}, metavar="K=V,...",
+      help="queue arguments, as PerfTest's: x-queue-type=quorum,x-max-length=1000 (whole numbers "
+           "are sent as numbers, true/false as booleans)")
     a("--recreate", action="store_true", help="delete and re-declare the queue before the run")
     a("--delete-after", action="store_true", help="delete the queue after the run")
     a("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -102,11 +105,27 @@ PERFTEST_UNSUPPORTED = {
     "--producer-channel-count", "-Y": "--consumer-channel-count", "--consumer-channel-count":
     "--consumer-channel-count", "-P": "--publishing-interval", "--publishing-interval": "--publishing-interval",
     "-H": "--uris (use -h, repeatable or comma-separated)", "--uris": "--uris (use -h)",
-    "-qa": "--queue-args", "--queue-args": "--queue-args", "-ad": "--auto-delete", "--auto-delete": "--auto-delete",
+    "-ad": "--auto-delete", "--auto-delete": "--auto-delete",
     "-ms": "--use-millis", "--use-millis": "--use-millis", "-l": "--legacy-metrics",
     "--legacy-metrics": "--legacy-metrics", "-st": "--shutdown-timeout", "--shutdown-timeout": "--shutdown-timeout",
     "-sb": "--skip-binding-queues", "--skip-binding-queues": "--skip-binding-queues",
 }
+
+
+def queue_arguments(text: str) -> dict:
+    """PerfTest's `--queue-args` form: comma-separated key=value pairs."""
+    out: dict = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"{pair!r}: expected key=value")
+        if value.lstrip("-").isdigit():
+            out[key] = int(value)
+        elif value in ("true", "false"):
+            out[key] = value == "true"
+        else:
+            out[key] = value
+    return out
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, RunConfig]:
@@ -140,7 +159,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, RunConfig]:
                     rate=ns.rate, queue=ns.queue, persistent="persistent" in ns.flag,
                     mandatory="mandatory" in ns.flag, confirm=ns.confirm, prefetch=ns.qos,
                     multi_ack_every=max(1, ns.multi_ack_every), autoack=ns.autoack,
-                    time_s=ns.time, count=ns.pmessages, drain_timeout=ns.drain_timeout,
+                    queue_args=ns.queue_args, time_s=ns.time, count=ns.pmessages, drain_timeout=ns.drain_timeout,
                     run_id=random.randrange(1, 1 << 32))  # noqa: S311 - tells runs apart, not a secret
     return ns, cfg
 
@@ -162,7 +181,10 @@ async def _queue_op(urls: list[BrokerURL], cfg: RunConfig, recreate: bool = Fals
             if what == "delete":
                 await conn.rpc(pc.Queue.Delete(queue=cfg.queue), pc.Queue.DeleteOk)
             else:
-                await conn.rpc(pc.Queue.Declare(queue=cfg.queue, durable=cfg.persistent), pc.Queue.DeclareOk)
+                # a quorum (or stream) queue is durable whatever the messages are
+                durable = cfg.persistent or "x-queue-type" in cfg.queue_args
+                await conn.rpc(pc.Queue.Declare(queue=cfg.queue, durable=durable, arguments=cfg.queue_args),
+                               pc.Queue.DeclareOk)
         except AMQPError as exc:
             raise AMQPError(f"queue {cfg.queue!r} on {url.host}:{url.port}: {exc}") from None
         finally:

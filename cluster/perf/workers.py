@@ -53,6 +53,7 @@ class RunConfig:
     size: int = 12
     rate: float = 0.0
     queue: str = "haremq-perf"
+    queue_args: dict = field(default_factory=dict)
     persistent: bool = False
     mandatory: bool = False
     confirm: int = 0
