@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import signal
 import sys
 
@@ -77,11 +78,47 @@ async def _run_node(config: NodeConfig) -> None:
     node = build_node(config)
     await node.start()
     loop = asyncio.get_running_loop()
+    loop.call_later(60, os.environ.pop, RESTARTS_ENV, None)     # a start that lasted: count afresh
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node.stop_soon)
     await node.wait_stopped()
+    if node.failure is not None and node.restart:
+        raise Restart(node.failure)
     if node.failure is not None:
         raise NodeError(node.failure)
+
+
+class Restart(Exception):
+    """The node stopped to start again (a snapshot it must load at start)."""
+
+
+RESTARTS_ENV = "HAREMQ_SELF_RESTARTS"
+MAX_RESTARTS = 20           # in a row without a start that lasted a minute: something else is wrong
+
+
+def restart_process(reason: str) -> int:
+    """The process starts itself again: the same pid, arguments and environment (a supervisor,
+    if any, sees nothing), every file and socket closed by exec (Python opens them
+    non-inheritable). Returns only when it cannot, with the exit status."""
+    log = structlog.get_logger("haremq.node")
+    restarts = int(os.environ.get(RESTARTS_ENV, "0")) + 1
+    if restarts > MAX_RESTARTS:
+        print(f"haremq: {reason}; {MAX_RESTARTS} restarts in a row, giving up", file=sys.stderr)
+        return 1
+    try:
+        with open("/proc/self/cmdline", "rb") as fh:
+            argv = [a.decode() for a in fh.read().split(b"\0") if a]
+    except OSError:
+        argv = [sys.executable, *sys.orig_argv[1:]]
+    log.warning("node starting again", reason=reason, restarts=restarts)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.environ[RESTARTS_ENV] = str(restarts)
+    try:
+        os.execv(sys.executable, [sys.executable, *argv[1:]])  # noqa: S606 - this very command again
+    except OSError as exc:
+        print(f"haremq: {reason}; cannot start again: {exc}", file=sys.stderr)
+    return 1
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -179,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         use_uvloop()
         try:
             asyncio.run(_run_node(config))
+        except Restart as exc:
+            return restart_process(str(exc))
         except NodeError as exc:
             print(f"haremq: {exc}", file=sys.stderr)
             return 1

@@ -63,7 +63,7 @@ class ClusterNode:
         self.log = structlog.get_logger("haremq.cluster").bind(node=name)
         self.broker = broker(self)
         self.amqp: AMQPServer | None = None              # from start(): served only with a majority
-        self._stop_node_with: Callable[[str], None] | None = None   # from start(): stop with this reason
+        self._stop_node_with: Callable[..., None] | None = None   # from start(): stop with this reason
         self.tasks = TaskGroup(f"cluster node {name}")   # proposals in flight, pause/resume transitions
         self.joining = False           # a fresh member asking to be added: "not a member" is expected
         self._join: asyncio.Future | None = None
@@ -121,10 +121,11 @@ class ClusterNode:
                             f"cluster metadata not available: {exc or 'timeout'}") from None
         return raise_result(result)
 
-    async def start(self, amqp: AMQPServer, stop_node: Callable[[str], None]) -> None:
+    async def start(self, amqp: AMQPServer, stop_node: Callable[..., None]) -> None:
         """Open the cluster port and take part: `amqp` serves only while this node sees a
         majority (pause-minority); `stop_node(reason)` stops the node when the cluster forgets
-        it or its log cannot be written."""
+        it or its log cannot be written, `stop_node(reason, restart=True)` and starts it again
+        (a snapshot it must load)."""
         self.amqp = amqp
         self._stop_node_with = stop_node
         self._server = grpc.aio.server(interceptors=[SecretCheck(self.config.secret)], options=SERVER_OPTIONS)
@@ -178,14 +179,15 @@ class ClusterNode:
         self._stop_node("this node was removed from the cluster (haremq ctl forget-node"
                         + (f", as {told_by} says" if told_by else "") + "); start it on an empty data dir to join again")
 
-    def _raft_failed(self, reason: str) -> None:
-        """Raft could not write its log or vote (fail-stop, cluster/raft/shell.py): the node stops."""
-        self._stop_node(reason)
+    def _raft_failed(self, reason: str, restart: bool = False) -> None:
+        """Raft could not write its log or vote (fail-stop, cluster/raft/shell.py): the node
+        stops; or it must load a snapshot: the node starts again."""
+        self._stop_node(reason, restart)
 
-    def _stop_node(self, reason: str) -> None:
-        """The node stops with `reason` (once)."""
+    def _stop_node(self, reason: str, restart: bool = False) -> None:
+        """The node stops with `reason` (once), and starts again if `restart`."""
         if self._stop_node_with is not None:
-            self._stop_node_with(reason)
+            self._stop_node_with(reason, restart=restart)
             self._stop_node_with = None
 
     def forward_reply(self, node: str, token: str, message) -> bool:

@@ -74,7 +74,7 @@ class ClusterSide(Protocol):
     @property
     def management_view(self) -> ClusterView: ...
 
-    async def start(self, amqp: AMQPServer, stop_node: Callable[[str], None]) -> None: ...
+    async def start(self, amqp: AMQPServer, stop_node: Callable[..., None]) -> None: ...
 
     async def stop(self) -> None: ...
 
@@ -96,6 +96,7 @@ class Node:
         self._stopping = False
         self._stopped = asyncio.Event()
         self.failure: str | None = None     # why the node stopped by itself, if it did
+        self.restart = False                # ... and whether the process starts it again
         self.tasks = TaskGroup(f"node {config.name}")   # a stop asked for by a signal or a failure
         self.gc_pauses = GCPauses(config.name)
 
@@ -161,10 +162,12 @@ class Node:
         self.broker.set_permissions(name, "/", ".*", ".*", ".*")
         self.log.info("default user created", user=name)
 
-    def fail(self, reason: str) -> None:
-        """Stop by itself, for a reason the process reports as it exits (status 1)."""
-        self.log.error("node stopping: " + reason)
+    def fail(self, reason: str, restart: bool = False) -> None:
+        """Stop by itself, for a reason the process reports as it exits (status 1); with
+        `restart`, for one it mends by starting again (cluster/cli.py re-executes itself)."""
+        self.log.error("node stopping: " + reason + ("; starting again" if restart else ""))
         self.failure = reason
+        self.restart = restart
         self.stop_soon()
 
     def stop_soon(self) -> None:

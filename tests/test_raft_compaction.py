@@ -236,3 +236,56 @@ def test_a_cluster_written_before_snapshots_starts_compacts_and_restarts(tmp_pat
                     assert _log_says(member, "raft snapshot loaded")
     finally:
         stop_cluster(members, {"close": lambda: None})
+
+
+def _serves_queue(member, name: str) -> bool:
+    """The member is running and serves AMQP, and its own state has the queue (a passive
+    declare is answered from the member's own copy of the metadata)."""
+    if member.proc.poll() is not None:
+        return False
+    try:
+        conn = _connect(member)
+    except Exception:  # noqa: BLE001 - starting again: not serving yet
+        return False
+    try:
+        conn.channel().queue_declare(name, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker:
+        return False
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_a_paused_member_behind_the_snapshots_serves_again_by_itself(cluster):
+    """SIGSTOPped while the others go through several snapshots (a VM migration, a long GC):
+    woken, it is sent a snapshot it cannot load while serving clients. It starts itself again
+    (the same process, nothing to supervise it) and serves the cluster's state."""
+    import os
+    import signal
+    import time
+
+    hare1, _hare2, hare3 = cluster
+    conn = _connect(hare1)
+    conn.channel().queue_declare("before.pause", durable=True)
+    conn.close()
+    wait_until(lambda: queue_row(hare3, "before.pause") is not None, timeout=20)
+    pid = hare3.proc.pid
+    os.killpg(pid, signal.SIGSTOP)
+    paused = time.monotonic()
+    try:
+        _churn(hare1, 500)                        # 1,500 entries: ten snapshots on the others
+        conn = _connect(hare1)
+        conn.channel().queue_declare("during.pause", durable=True)
+        conn.close()
+        time.sleep(max(0.0, 10 - (time.monotonic() - paused)))
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    woke = time.monotonic()
+    wait_until(lambda: _log_says(hare3, "raft snapshot"), timeout=30,
+               message="the paused member was never sent a snapshot: the test proves nothing")
+    wait_until(lambda: _serves_queue(hare3, "during.pause"), timeout=20,
+               message=f"the member did not serve again within 20 s of SIGCONT:\n{hare3.log_tail()}")
+    assert hare3.proc.pid == pid and hare3.proc.poll() is None
+    assert time.monotonic() - woke < 20
+    assert _log_says(hare3, "node starting again")

@@ -101,7 +101,7 @@ class StorageFailed(NotLeader):
 class Raft:
     def __init__(self, name: str, membership, storage: RaftStorage,
                  apply: Callable[[int, bytes], object], state_machine=None,
-                 on_failure: Callable[[str], None] | None = None):
+                 on_failure: Callable[..., None] | None = None):
         """`state_machine`, for compaction: snapshot() -> (encode, records), where encode() runs
         in a thread and returns the state as bytes and records is its size; restore(index,
         state) loads a decoded snapshot (raising SnapshotRefused if it cannot now)."""
@@ -124,7 +124,7 @@ class Raft:
         self._unwritten: list[Ready] = []   # steps whose writes wait for the lock, in step order
         self._tasks = TaskGroup(f"raft {name}")     # the timer, one task per call to a peer
         self.failed: str | None = None  # why a write of term, vote or log failed: nothing is answered since
-        self.on_failure = on_failure    # the node stops with this reason
+        self.on_failure = on_failure    # the node stops with this reason (restart=True: and starts again)
 
     role = property(lambda self: self.machine.role)
     leader = property(lambda self: self.machine.leader)
@@ -387,7 +387,7 @@ class Raft:
 
     async def _install(self, snapshot: SnapshotRequest) -> None:
         """A leader's snapshot this node took (on disk now): the state machine loads it. A node
-        serving clients cannot (SnapshotRefused): it stops, and loads it when started again."""
+        serving clients cannot (SnapshotRefused): it stops and starts itself again, loading it."""
         _index, _term, body = snapshot_header(snapshot.data)
         state = await asyncio.to_thread(json.loads, body)
         self.last_applied = self._snapshot_index = snapshot.last_index
@@ -397,15 +397,16 @@ class Raft:
         try:
             self.state_machine.restore(snapshot.last_index, state)
         except SnapshotRefused as exc:
-            # fail-stop, as for a failed write: what this node serves is behind the log, and
-            # the snapshot on its disk brings it up to date at its next start
+            # what this node serves is behind the log, and the snapshot now on its disk brings
+            # it up to date at its next start: the node stops and starts itself again at once
+            # (a pause past several snapshots, a VM migration: nothing is wrong with the node)
             reason = f"this node fell behind the compacted metadata log and must load a snapshot: {exc}"
             self.failed = reason
-            self.log.error("raft snapshot taken while serving: stopping the node, to load it at the next start",
-                           index=snapshot.last_index)
+            self.log.warning("raft snapshot taken while serving: the node starts again to load it",
+                             index=snapshot.last_index)
             self._fail_waiters("raft snapshot taken while serving")
             if self.on_failure is not None:
-                self.on_failure(reason + "; start the node again")
+                self.on_failure(reason, restart=True)
             raise StorageFailed(reason) from None
 
     # ---- compaction ------------------------------------------------------------------------------
