@@ -1,9 +1,11 @@
 """deploy/README.md for real: build the image, bring the compose cluster up, SIGKILL the
-container of a mirrored queue's master and check that no confirmed message is lost.
+container of a mirrored queue's master, check that no confirmed message is lost and that the
+killed node rejoins (a member again, a synchronised mirror, serving the queue).
 
-Marked `containers` and opt-in (HAREMQ_CONTAINER_TESTS=1): on a machine without a registry the
-base image is made with debootstrap (deploy/base-image.sh, about 70 s), the engine installed
-from Debian, the image built and three containers started, which adds several minutes to a run.
+Marked `containers` and opt-in (HAREMQ_CONTAINER_TESTS=1, which .ci/run sets): on a machine
+without a registry the base image is made with debootstrap (deploy/base-image.sh, about 70 s),
+the engine installed from Debian, the image built and three containers started: 5 to 7 minutes
+on two cores, about a minute once the images are there.
 It skips with the reason when no container engine can run here. Engines, in order: a reachable
 Docker daemon ($DOCKER_HOST or the default socket), then Podman (a `podman system service` of
 the test's own, with the README's containers.conf). HAREMQ_BASE_IMAGE names a base image to use
@@ -11,6 +13,7 @@ instead of building one.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -165,7 +168,10 @@ def test_compose_cluster_loses_no_confirmed_message_when_the_master_is_killed(en
     run(*build, str(ROOT), env=engine.env, timeout=900)
     project = f"haremq-ctest-{os.getpid()}"
     env = dict(engine.env, HAREMQ_IMAGE=IMAGE, BASE_IMAGE=base)
-    compose = [COMPOSE, "-p", project, "-f", str(_on_free_ports(tmp_path))]
+    # the project directory stays deploy/: the copy's relative paths (the cluster secret's
+    # ./cluster-secret.example) resolve where the file they came from is, not in tmp_path
+    compose = [COMPOSE, "-p", project, "--project-directory", str(COMPOSE_FILE.parent),
+               "-f", str(_on_free_ports(tmp_path))]
     try:
         run(*compose, "up", "-d", "--no-build", "hare1", "hare2", "hare3", env=env, timeout=300)
         _copy_cluster_tls(compose, env, tmp_path)
@@ -205,6 +211,15 @@ def test_compose_cluster_loses_no_confirmed_message_when_the_master_is_killed(en
                 continue
             confirmed.append(body)
             i += 1
+        conn.close()
+        # the killed one rejoins: started again, it is a member, a synchronised mirror of the new
+        # master, and serves the queue (the rest is drained through it)
+        run(*compose, "start", "hare1", env=env, timeout=120)
+        wait_until(lambda: _ctl("--formatter", "json", "cluster-status", check=False).stdout.count('"up": true') == 3,
+                   timeout=120, interval=1.0, message="hare1 never came back as a member")
+        wait_until(lambda: _synced("hare1"), timeout=120, interval=1.0,
+                   message="hare1 never came back as a synchronised mirror")
+        conn, ch = channel("hare1")
         seen = set()
         ch.basic_qos(prefetch_count=500)
         for method, _props, body in ch.consume("ha.ctest", inactivity_timeout=5):
@@ -222,11 +237,12 @@ def test_compose_cluster_loses_no_confirmed_message_when_the_master_is_killed(en
         run(*compose, "down", "-v", env=env, check=False, timeout=300)
 
 
-def _synced() -> bool:
-    import json
+def _synced(member: str | None = None) -> bool:
+    """ha.ctest has two synchronised mirrors (and `member` is one of them)."""
     done = _ctl("--formatter", "json", "list-queues", "name", "synchronised_mirrors", check=False)
     rows = json.loads(done.stdout) if done.returncode == 0 else []
-    return any(r["name"] == "ha.ctest" and len(r["synchronised_mirrors"] or []) == 2 for r in rows)
+    return any(r["name"] == "ha.ctest" and len(r["synchronised_mirrors"] or []) == 2
+               and (member is None or member in r["synchronised_mirrors"]) for r in rows)
 
 
 def _reopen(conn, channel):
