@@ -16,6 +16,7 @@ node 2 started again, with its log).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.machinery
 import importlib.util
 import json
@@ -88,20 +89,18 @@ class Publisher(threading.Thread):
 
 def _haremq_whole(broker, name: str) -> bool:
     """Node 2 holds the whole queue, as node 1's replicator sees it (its link past the snapshot:
-    it counts for the majority from then on), asked in-process (gRPC, no ctl to start)."""
-    import grpc
-
+    it counts for the majority from then on), asked in-process (`haremq ctl`'s client, no
+    interpreter to start)."""
     from haremq.cluster import secret
-    from haremq.cluster.rpc import cluster_pb2 as pb
-    from haremq.cluster.rpc import cluster_pb2_grpc as pbg
-    request = pb.ControlRequest(command="list_queues", arguments=json.dumps({"local": True}).encode())
+    from haremq.cluster.control.client import ControlClient
+    client = ControlClient(secret.resolve())
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{broker.nodes[0].cluster_port}") as channel:
-            reply = pbg.ClusterStub(channel).Control(
-                request, timeout=2.0, metadata=(("x-haremq-secret", secret.resolve()),))
-    except grpc.RpcError:
+        ok, rows = asyncio.run(client.call(f"127.0.0.1:{broker.nodes[0].cluster_port}", "list_queues",
+                                           {"local": True}, timeout=2.0))
+    except OSError:          # ConnectionError, TimeoutError: not answering now
         return False
-    row: dict = next((r for r in json.loads(reply.result or b"[]") if r.get("name") == name), {})
+    listed = rows if ok and isinstance(rows, list) else []
+    row: dict = next((r for r in listed if r.get("name") == name), {})
     return (row.get("mirror_states") or {}).get(broker.nodes[1].name) in ("catching", "proposing", "synced")
 
 

@@ -105,17 +105,13 @@ def restart_process(reason: str) -> int:
     if restarts > MAX_RESTARTS:
         print(f"haremq: {reason}; {MAX_RESTARTS} restarts in a row, giving up", file=sys.stderr)
         return 1
-    try:
-        with open("/proc/self/cmdline", "rb") as fh:
-            argv = [a.decode() for a in fh.read().split(b"\0") if a]
-    except OSError:
-        argv = [sys.executable, *sys.orig_argv[1:]]
     log.warning("node starting again", reason=reason, restarts=restarts)
     sys.stdout.flush()
     sys.stderr.flush()
     os.environ[RESTARTS_ENV] = str(restarts)
     try:
-        os.execv(sys.executable, [sys.executable, *argv[1:]])  # noqa: S606 - this very command again
+        # sys.orig_argv: the interpreter's own arguments too (`-m haremq.cluster.cli`, a script)
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])  # noqa: S606 - this very command again
     except OSError as exc:
         print(f"haremq: {reason}; cannot start again: {exc}", file=sys.stderr)
     return 1

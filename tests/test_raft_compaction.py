@@ -10,7 +10,10 @@ thousand, leave nothing behind on disk once compacted.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import tarfile
+import time
 from pathlib import Path
 
 import pika
@@ -261,9 +264,6 @@ def test_a_paused_member_behind_the_snapshots_serves_again_by_itself(cluster):
     """SIGSTOPped while the others go through several snapshots (a VM migration, a long GC):
     woken, it is sent a snapshot it cannot load while serving clients. It starts itself again
     (the same process, nothing to supervise it) and serves the cluster's state."""
-    import os
-    import signal
-    import time
 
     hare1, _hare2, hare3 = cluster
     conn = _connect(hare1)
