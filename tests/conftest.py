@@ -331,9 +331,28 @@ def cluster(request, tmp_path, _module_clusters):
             workdir = request.getfixturevalue("tmp_path_factory").mktemp("cluster")
             started["cluster"] = stack.enter_context(running_cluster(workdir, **options))
         yield started["cluster"]
+        _print_logs_if_failed(request, started["cluster"])
         return
     with running_cluster(tmp_path, **options) as members:
         yield members
+        _print_logs_if_failed(request, members)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the item: a fixture's teardown can tell the test failed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
+def _print_logs_if_failed(request, members, lines: int = 60) -> None:
+    """A failed cluster test shows what its members logged last (on CI, the only trace left)."""
+    report = getattr(request.node, "report_call", None)
+    if report is None or not report.failed:
+        return
+    for member in members:
+        print(f"----- {member.name} log (last {lines} lines) -----\n{member.log_tail(lines)}", file=sys.stderr)
 
 
 @pytest.fixture

@@ -689,6 +689,24 @@ def test_publisher_gets_nacks_not_a_closed_channel_when_a_home_dies(cluster):
     assert ch2.queue_declare("home.stays", passive=True).method.message_count == 1
 
 
+def test_a_publish_while_the_home_looks_down_for_a_moment_is_confirmed(cluster):
+    # a member the others did not hear from for a moment (paused, starved, just started) is
+    # no dead home: a publish to its unmirrored queue waits the blip out instead of a nack
+    hare1, hare2, hare3 = cluster
+    _, ch3 = _chan(hare3)
+    ch3.queue_declare("home.blips", durable=True)
+    c, pub = _chan(hare2, confirm=True)
+    os.kill(hare3.proc.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: not next(m for m in ctl_json(hare2, "cluster-status")["members"]
+                                    if m["name"] == "hare3")["up"], timeout=15)
+    finally:
+        os.kill(hare3.proc.pid, signal.SIGCONT)
+    pub.basic_publish("", "home.blips", b"during the blip", properties=pika.BasicProperties(delivery_mode=2))
+    _, ch3 = _chan(hare3)
+    assert ch3.basic_get("home.blips", auto_ack=True)[2] == b"during the blip"
+
+
 def test_tx_commit_through_another_node_survives_a_kill_of_each_home(cluster):
     # CONF-8: commit-ok means durable on every home node, so a kill -9 right after loses nothing
     members = cluster

@@ -168,19 +168,18 @@ class RemoteQueue:
 
     # ---- what a channel does with a queue --------------------------------------------------
     def publish_from(self, channel, message: Message, seq: int) -> None:
-        """Forward a publish. While the home node is down, a mirrored queue's publishes wait for
-        the new master (and are confirmed by it); others are nacked (or dropped without confirms)."""
-        if self.mirrored and self.watch.failing:
+        """Forward a publish. While the home node looks down, publishes wait: a mirrored queue's
+        for the new master (and are confirmed by it), another's for a blip to pass (a member
+        not heard from for a moment, or not yet since it started); then they are nacked (or
+        dropped without confirms)."""
+        if self.watch.failing:
             self._hold(channel, [(seq, message)])
             return
         try:
             link = self.link(channel)
         except AMQPError:
-            if self.mirrored:
-                self.failing_over()
-                self._hold(channel, [(seq, message)])
-            elif seq:
-                channel.remote_settled((seq,), False)
+            self.failing_over()
+            self._hold(channel, [(seq, message)])
             return
         if seq:
             if not message.publish_id:      # so that a new master knows it if it is sent again
@@ -230,7 +229,7 @@ class RemoteQueue:
         if self.replacement is not None:    # this node masters it now: what waited went there
             return
         now = asyncio.get_running_loop().time()
-        for action in self.watch.tick(now, self.home_up(self.home), self.can_fail_over()):
+        for action in self.watch.tick(now, self.home_up(self.home), self.mirrored and self.can_fail_over()):
             if action.act is Act.GIVE_UP:
                 self._give_up(action.token)
             elif self.deleted:
