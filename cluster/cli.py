@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                             prometheus_port=15692 if v["prometheus_port"] is None else v["prometheus_port"],
                             prometheus_per_queue=v["prometheus_per_queue"],
                             management_tls=v["management_tls"],
-                            advertise=(f"{v['name']}.{v['peers_dns']}:{v['cluster_port']}"
-                                       if v["peers_dns"] and v["cluster_port"] is not None else None),
+                            advertise=v["join_as"] or (f"{v['name']}.{v['peers_dns']}:{v['cluster_port']}"
+                                                       if v["peers_dns"] and v["cluster_port"] is not None else None),
                             # the default ports: several nodes on one host must not stop each other
                             optional_ports=tuple(name for name in ("management", "prometheus")
                                                  if v[f"{name}_port"] is None))

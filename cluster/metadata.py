@@ -250,6 +250,9 @@ class MetadataMachine:
         """The log is replayed up to this node's return: the recovered messages of queues it does
         not master are dropped (the master has them), then it takes its part in every queue."""
         self.replaying = False
+        if self.members.get(self.node, "") is None and self.on_removed is not None:
+            self.on_removed(None)      # forgotten, and not added again since
+            return
         for vhost in self.broker.vhosts.values():
             for queue in vhost.queues.values():
                 if not queue.remote:
@@ -286,7 +289,9 @@ class MetadataMachine:
         if self.placement_members is not None and name in self.placement_members:
             self.placement_members = [n for n in self.placement_members if n != name]
         if name == self.node:
-            if self.on_removed is not None:
+            # in a replay, an earlier membership's: a member forgotten, wiped and added again
+            # replays its old forget before its new member.add (checked once replayed)
+            if self.on_removed is not None and not self.replaying:
                 self.on_removed(None)
             return {"forgotten": False}
         if self.on_forget is not None:

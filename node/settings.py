@@ -136,6 +136,8 @@ NODE_SETTINGS = [
     Setting("peers", peers, [], "other members, NAME=HOST:CLUSTER_PORT (repeat --peer, or comma-separated)"),
     Setting("peers_dns", text, None, "headless service DNS name: members are NAME-0, NAME-1, ... .SERVICE, "
             "found by resolving their names (Kubernetes; follows `kubectl scale`)"),
+    Setting("join_as", text, None, "HOST:CLUSTER_PORT the members reach this node at: a node starting on an "
+            "empty data dir asks the running members (its --peer list) to add it, as --peers-dns does"),
     Setting("replicas", positive_int, None, "members to expect with --peers-dns before any resolves "
             "(default: discover from DNS)"),
     Setting("cluster_secret_file", path, None, "file holding the cluster secret (default ~/.haremq/cluster-secret)"),

@@ -5,12 +5,15 @@ Names resolve through /etc/hosts (tests/clusters.py HostNames), every member has
 address of its own and, as pods do, the same ports."""
 from __future__ import annotations
 
+import json
 import random
+import shutil
 
 import pika
 
 from haremq.cluster.membership.discovery import dns_members
-from tests.clusters import SECRET, ClusterMember, HostNames, control, ctl, ctl_json, launch, stop_cluster
+from tests.clusters import (SECRET, ClusterMember, HostNames, control, ctl, ctl_json, launch, plain_cluster,
+                            stop_cluster)
 from tests.conftest import free_port, wait_until
 
 
@@ -141,3 +144,45 @@ def test_placement_is_the_logs_after_a_scale_out_a_failover_and_restarts(tmp_pat
     finally:
         stop_cluster(members, {"close": lambda: None})
         hosts.close()
+
+
+def test_a_member_joins_by_static_peers_and_joins_again_after_it_was_forgotten(tmp_path):
+    """Outside Kubernetes: a node started on an empty data dir with `--peer` for the running
+    members and `--join-as` its own address is added through the log; killed and forgotten
+    (`haremq ctl forget-node`), the same name joins afresh on an empty disk."""
+    members = plain_cluster(tmp_path)
+    ports = {m.name: m.cluster_port for m in members}
+    port = free_port()
+    fourth = ClusterMember("hare4", tmp_path / "hare4", port, {n: f"127.0.0.1:{p}" for n, p in ports.items()},
+                           members[0].secret_file)
+    fourth.extra_args = ["--join-as", f"127.0.0.1:{port}"]
+    policy = json.dumps({"ha-mode": "all", "ha-sync-mode": "automatic"})
+    try:
+        assert ctl(members[0], "set-policy", "ha-all", "^joined[.]", policy, "--apply-to", "queues").returncode == 0
+        conn = pika.BlockingConnection(pika.URLParameters(members[0].url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("joined.q", durable=True)
+        ch.basic_publish("", "joined.q", b"before", pika.BasicProperties(delivery_mode=2))
+        conn.close()
+
+        def four_running(m) -> bool:
+            return sorted(ctl_json(m, "cluster-status")["running"]) == ["hare1", "hare2", "hare3", "hare4"]
+        for round_ in range(2):
+            launch([fourth])
+            for m in (*members, fourth):
+                wait_until(lambda m=m: four_running(m), timeout=30,
+                           message=f"round {round_}: {m.name} does not count hare4:\n{m.log_tail()}")
+            row = wait_until(lambda: next((r for r in ctl_json(fourth, "list-queues") if r["name"] == "joined.q"
+                                           and "hare4" in (r.get("synchronised_mirrors") or [])), None),
+                             timeout=30, message=f"round {round_}: hare4 never held a synchronised mirror")
+            assert row["messages"] == 1
+            fourth.kill9()
+            wait_until(lambda: ctl(members[1], "forget-node", "hare4").returncode == 0, timeout=20)
+            assert "hare4" not in ctl_json(members[0], "cluster-status")["running"]
+            shutil.rmtree(fourth.data_dir)
+        conn = pika.BlockingConnection(pika.URLParameters(members[2].url))
+        assert conn.channel().basic_get("joined.q", auto_ack=True)[2] == b"before"
+        conn.close()
+    finally:
+        stop_cluster([*members, fourth])
