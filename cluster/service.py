@@ -41,7 +41,9 @@ class ClusterService(pbg.ClusterServicer):
         return pb.PingReply(node=self.node.name, leader=self.node.leader_name() or "",
                             down=self.node.membership.down_members(), alarms=sorted(self.node.broker.alarms),
                             paused=self.node.membership.paused,
-                            not_member=request.node not in self.node.membership.peers)
+                            # a member still replaying its log may not have applied the caller's member.add yet
+                            not_member=request.node not in self.node.membership.peers
+                            and not self.node.metadata.replaying)
 
     async def RequestVote(self, request, context):
         return await _raft_call(self.node.raft.on_request_vote, request, context)

@@ -149,7 +149,8 @@ def test_placement_is_the_logs_after_a_scale_out_a_failover_and_restarts(tmp_pat
 def test_a_member_joins_by_static_peers_and_joins_again_after_it_was_forgotten(tmp_path):
     """Outside Kubernetes: a node started on an empty data dir with `--peer` for the running
     members and `--join-as` its own address is added through the log; killed and forgotten
-    (`haremq ctl forget-node`), the same name joins afresh on an empty disk."""
+    (`haremq ctl forget-node`), the same name joins afresh on an empty disk. Between, the whole
+    cluster restarts: the three learn of it from their logs again."""
     members = plain_cluster(tmp_path)
     ports = {m.name: m.cluster_port for m in members}
     port = free_port()
@@ -177,6 +178,13 @@ def test_a_member_joins_by_static_peers_and_joins_again_after_it_was_forgotten(t
                                            and "hare4" in (r.get("synchronised_mirrors") or [])), None),
                              timeout=30, message=f"round {round_}: hare4 never held a synchronised mirror")
             assert row["messages"] == 1
+            if round_ == 0:     # a power cut: the others learn of hare4 from the log again, not their --peer lists
+                for m in (*members, fourth):
+                    m.kill9()
+                launch([*members, fourth])
+                for m in (*members, fourth):
+                    wait_until(lambda m=m: four_running(m), timeout=30,
+                               message=f"after a restart {m.name} does not count hare4:\n{m.log_tail()}")
             fourth.kill9()
             wait_until(lambda: ctl(members[1], "forget-node", "hare4").returncode == 0, timeout=20)
             assert "hare4" not in ctl_json(members[0], "cluster-status")["running"]
