@@ -139,13 +139,14 @@ class ClusterNode:
             raise OSError(f"cannot listen on {address} for the cluster port")
         await self._server.start()
         self.log.info("cluster port open", address=address, peers=sorted(self.config.peers))
+        # a fresh member asking to be added: set before the first ping, whose answer may be "not a member"
+        self.joining = bool(self.config.advertise and self.raft.storage.last_index == 0 and self.membership.peers)
         await self.membership.start()
         await self.raft.start()
         await self.mirroring.start()
         await self.down_watch.start()
-        if self.config.advertise and self.raft.storage.last_index == 0 and self.membership.peers:
+        if self.joining:
             from haremq.cluster.membership.discovery import join
-            self.joining = True
             self._join = self.tasks.spawn(join(self, self.config.advertise))
 
     async def stop(self) -> None:

@@ -1,8 +1,9 @@
-"""A randomized fault schedule (a nemesis, as Jepsen runs them) on a three-node cluster.
+"""A randomized fault schedule (a nemesis, as Jepsen runs them) on a cluster of three members (four while a spare has joined).
 
 From a seed, a sequence of faults: SIGKILL of a queue's master, of any member or of the
 metadata leader (restarted at once or left down for a few faults), a member's disk lost (killed,
-its data dir wiped, started empty), SIGSTOP/SIGCONT, a member
+its data dir wiped, started empty), a fourth member joining on an empty disk and later
+SIGKILLed and forgotten (scale-out and scale-in, the same name again each time), SIGSTOP/SIGCONT, a member
 cut off from the others, a bridge (two members cut from each other, both still seeing the
 third), and whole-cluster restarts (all members SIGKILLed at once, a power cut, or stopped in
 turn, as `docker compose down`). Meanwhile a publisher with confirms and a consumer with manual
@@ -41,6 +42,7 @@ from tests.clusters import SECRET, ClusterMember, Proxy, control, ctl, leader_an
 from tests.conftest import free_port, port_open, wait_until
 
 NAMES = ("hare1", "hare2", "hare3")
+SPARE = "hare4"                     # joins (scale-out) and is forgotten (scale-in) during a run
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
@@ -79,13 +81,25 @@ class Mesh:
         workdir.mkdir(parents=True, exist_ok=True)
         secret_file = workdir / "secret"
         secret_file.write_text(SECRET)
-        ports = {n: free_port() for n in NAMES}
-        self.proxies = {(a, b): Proxy(ports[b]) for a in NAMES for b in NAMES if a != b}   # a -> b
+        ports = {n: free_port() for n in (*NAMES, SPARE)}
+        self.proxies = {(a, b): Proxy(ports[b]) for a in (*NAMES, SPARE) for b in NAMES if a != b}   # a -> b
         self.members = [ClusterMember(n, workdir / n, ports[n],
                                       {p: f"127.0.0.1:{self.proxies[(n, p)].port}" for p in NAMES if p != n},
                                       secret_file, failure_timeout) for n in NAMES]
-        self.by_name = {m.name: m for m in self.members}
+        # the spare is not in the others' peer lists: it asks to join at an address every member
+        # dials (its own proxy, so cutting the spare off cuts every link to it)
+        self.to_spare = Proxy(ports[SPARE])
+        self.spare = ClusterMember(SPARE, workdir / SPARE, ports[SPARE],
+                                   {p: f"127.0.0.1:{self.proxies[(SPARE, p)].port}" for p in NAMES},
+                                   secret_file, failure_timeout)
+        self.spare.extra_args = ["--join-as", f"127.0.0.1:{self.to_spare.port}"]
+        self.joined = False                 # the spare is a member now
+        self.by_name = {m.name: m for m in (*self.members, self.spare)}
         self.small_disks = all(self._small_disk(m.data_dir) for m in self.members)
+
+    def names(self) -> tuple[str, ...]:
+        """The members now: the three, and the spare while it has joined."""
+        return (*NAMES, SPARE) if self.joined else NAMES
 
     @staticmethod
     def _small_disk(path: Path) -> bool:
@@ -115,14 +129,15 @@ class Mesh:
 
     def wipe(self, name: str) -> None:
         """Everything in a member's data dir goes (the dir itself may be a mount point)."""
-        for child in self.by_name[name].data_dir.iterdir():
+        data_dir = self.by_name[name].data_dir
+        for child in (data_dir.iterdir() if data_dir.exists() else ()):
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)
             else:
                 child.unlink()
 
-    def start(self, names=NAMES) -> None:
-        for name in names:
+    def start(self, names=None) -> None:
+        for name in names or self.names():
             m = self.by_name[name]
             if m.proc is not None and m.proc.poll() is None:
                 continue
@@ -131,8 +146,8 @@ class Mesh:
             m.proc = subprocess.Popen(m.argv(), stdout=m._log_fh, stderr=subprocess.STDOUT, start_new_session=True,
                                       cwd=str(Path(__file__).resolve().parent.parent))
 
-    def wait_serving(self, names=NAMES, timeout: float = 60) -> None:
-        for name in names:
+    def wait_serving(self, names=None, timeout: float = 60) -> None:
+        for name in names or self.names():
             m = self.by_name[name]
             wait_until(lambda m=m: port_open(m.port, 0.2, m.host), timeout=timeout,
                        message=f"{m.name} never served AMQP:\n{m.log_tail()}")
@@ -158,17 +173,18 @@ class Mesh:
         self.by_name[name].stop()
 
     def cut(self, a: str, b: str) -> None:
-        self.proxies[(a, b)].cut()
-        self.proxies[(b, a)].cut()
+        for pair in ((a, b), (b, a)):
+            # every member dials the spare through one proxy: cutting one of its links cuts all
+            (self.to_spare if pair[1] == SPARE else self.proxies[pair]).cut()
 
     def heal(self) -> None:
-        for proxy in self.proxies.values():
+        for proxy in (*self.proxies.values(), self.to_spare):
             proxy.heal()
 
     def close(self) -> None:
-        for m in self.members:
-            self.kill(m.name)
-        for proxy in self.proxies.values():
+        for name in self.by_name:
+            self.kill(name)
+        for proxy in (*self.proxies.values(), self.to_spare):
             proxy.close()
         if self.small_disks:
             for m in self.members:
@@ -322,8 +338,8 @@ class Nemesis:
     restarts (so the cluster keeps a majority between them)."""
 
     KINDS = ("kill-master", "kill-member", "kill-leader", "pause", "isolate", "bridge", "restart-all", "disk-full",
-             "reset", "disk-lost")
-    WEIGHTS = (4, 3, 2, 2, 2, 2, 1, 2, 2, 2)
+             "reset", "disk-lost", "scale")
+    WEIGHTS = (4, 3, 2, 2, 2, 2, 1, 2, 2, 2, 2)
 
     def __init__(self, mesh: Mesh, seed: int, log=print):
         self.mesh = mesh
@@ -360,7 +376,7 @@ class Nemesis:
         return f"{self.down} still down"
 
     def _alive(self) -> list[str]:
-        return [n for n in NAMES if self.mesh.running(n)]
+        return [n for n in self.mesh.names() if self.mesh.running(n)]
 
     def _kill(self, name: str) -> str:
         self.mesh.kill(name)
@@ -407,7 +423,7 @@ class Nemesis:
     def _isolate(self) -> str:
         name = self.rng.choice(self._alive())
         seconds = self.rng.uniform(1.0, 8.0)
-        for other in NAMES:
+        for other in self.mesh.names():
             if other != name:
                 self.mesh.cut(name, other)
         time.sleep(seconds)
@@ -426,7 +442,7 @@ class Nemesis:
         """Every connection between a member and the others reset at once, the member alive and
         reachable again at once (a blip: nobody should take it for dead)."""
         name = self.rng.choice(self._alive())
-        for other in NAMES:
+        for other in self.mesh.names():
             if other != name:
                 self.mesh.cut(name, other)
         self.mesh.heal()
@@ -462,7 +478,7 @@ class Nemesis:
 
     def _restart_all(self) -> str:
         power_cut = self.rng.random() < 0.5
-        for name in NAMES:
+        for name in self.mesh.names():
             (self.mesh.kill if power_cut else self.mesh.stop)(name)
         self.down = None
         time.sleep(self.rng.uniform(0.0, 2.0))
@@ -470,9 +486,42 @@ class Nemesis:
         self.mesh.wait_serving()
         return "whole cluster " + ("SIGKILLed at once" if power_cut else "stopped in turn") + ", started again"
 
+    def _scale(self) -> str:
+        """Scale-out: the spare starts on an empty data dir and asks the members to add it (its
+        entry in the metadata log places mirrors on it); scale-in: it is SIGKILLed and forgotten
+        (`haremq ctl forget-node`), so the same name joins afresh next time."""
+        mesh = self.mesh
+        if not mesh.joined:
+            mesh.wipe(SPARE)
+            mesh.joined = True
+            mesh.start([SPARE])
+            mesh.wait_serving([SPARE])
+            wait_until(lambda: any(SPARE in self._running(name) for name in NAMES if mesh.running(name)),
+                       timeout=60, interval=0.5, message=f"{SPARE} never joined:\n{mesh.spare.log_tail()}")
+            return f"{SPARE} joined on an empty disk: {len(mesh.names())} members"
+        mesh.kill(SPARE)
+
+        def forgotten() -> bool:
+            for name in NAMES:
+                if mesh.running(name):
+                    done = ctl(mesh.by_name[name], "forget-node", SPARE, timeout=20)
+                    if done.returncode == 0 or "is not a member" in done.stderr:
+                        return True
+            return False
+        wait_until(forgotten, timeout=60, interval=1.0, message=f"{SPARE} was never forgotten")
+        mesh.joined = False
+        mesh.wipe(SPARE)
+        return f"{SPARE} SIGKILLed and forgotten: {len(mesh.names())} members"
+
+    def _running(self, name: str) -> list[str]:
+        try:
+            return (control(self.mesh.by_name[name], "cluster_status", timeout=2.0) or {}).get("running") or []
+        except Exception:  # noqa: BLE001
+            return []
+
     def heal(self) -> None:
         self.mesh.heal()
-        for name in NAMES:
+        for name in self.mesh.by_name:
             self.mesh.signal(name, signal.SIGCONT)
         self.mesh.start()
         self.mesh.wait_serving()
@@ -565,7 +614,7 @@ def run(seed: int, faults: int, workdir: Path, log=print, failure_timeout: float
         time.sleep(2.0)
         load.finish()
         _drain(mesh, load)
-        logs = {m.name: m.log_text() for m in mesh.members}
+        logs = {name: m.log_text() for name, m in mesh.by_name.items()}
     finally:
         mesh.close()
     tally = check(load, logs)
