@@ -204,8 +204,9 @@ class MetadataMachine:
         connections it served are gone, and everything they owned goes, as RabbitMQ's
         on_node_down does. Every member applies this in log order:
 
-        - their exclusive queues are deleted (homed on that node: RemoteQueue handles here,
-          the real queues on the node itself, when it applies the entry on its return);
+        - their exclusive queues are deleted, and so are the node's non-durable queues that no
+          mirror takes over (homed on that node: RemoteQueue handles here, the real queues on
+          the node itself, when it applies the entry on its return);
         - not replaying, `on_node_down` ends what they held on queues mastered here: the queue
           links their channels opened to this node close, so their consumers are removed (a
           single-active consumer hands over, an auto-delete queue whose last consumer that was
@@ -232,8 +233,7 @@ class MetadataMachine:
         deleted = []
         for vhost in self.broker.vhosts.values():
             for queue in list(vhost.queues.values()):
-                owner = queue.exclusive_owner
-                if owner is None or owner_node(getattr(owner, "key", None)) != c.node:
+                if not (self._owned_by(queue, c.node) or self._transient_on(vhost, queue, c.node)):
                     continue
                 if self.mirroring is not None:
                     self.mirroring.deleted(vhost.name, queue.name)
@@ -245,6 +245,19 @@ class MetadataMachine:
             if self.on_node_down is not None:
                 self.on_node_down(c.node)
         return {"down": True, "exclusive_queues_deleted": len(deleted)}
+
+    @staticmethod
+    def _owned_by(queue, node: str) -> bool:
+        owner = queue.exclusive_owner
+        return owner is not None and owner_node(getattr(owner, "key", None)) == node
+
+    def _transient_on(self, vhost, queue, node: str) -> bool:
+        """A non-durable queue homed on `node` with no mirror to take it over goes with the node,
+        as RabbitMQ's on_node_down deletes transient queues that are not replicated."""
+        if queue.durable or getattr(queue, "home", self.node) != node:
+            return False
+        state = self.mirroring.states.get((vhost.name, queue.name)) if self.mirroring is not None else None
+        return state is None or not state.mirrors
 
     def _replayed(self, index: int) -> None:
         """The log is replayed up to this node's return: the recovered messages of queues it does

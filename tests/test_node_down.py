@@ -85,6 +85,34 @@ def test_exclusive_queues_of_a_killed_node_are_gone_on_the_survivors_at_once(clu
         c.close()
 
 
+def test_non_durable_queues_of_a_killed_node_go_unless_a_mirror_takes_over(cluster):
+    """RabbitMQ's on_node_down deletes a dead node's transient queues that are not replicated:
+    their messages died with it, and the name is free to declare again elsewhere."""
+    hare1, hare2, hare3 = cluster
+    assert ctl_json(hare2, "cluster-status")["majority"]
+    _c, ch2 = _chan(hare2)
+    ch2.queue_declare("nd.transient")                       # homed on hare2, not mirrored
+    ch2.queue_declare("nd.kept", durable=True)              # durable: comes back with its node
+    hare2.kill9()
+    for member in (hare1, hare3):
+        wait_until(lambda m=member: "nd.transient" not in {r["name"] for r in ctl_json(m, "list-queues")},
+                   timeout=4 * FAILURE_TIMEOUT, message=f"{member.name} still lists the dead node's transient queue")
+    assert "nd.kept" in {r["name"] for r in ctl_json(hare1, "list-queues")}
+
+    def declare(name):
+        c, ch = _chan(hare3)
+        try:
+            ch.queue_declare(name, durable=name == "nd.kept")
+            return c, ch
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            return exc.reply_code, exc.reply_text
+    _c, ch3 = declare("nd.transient")                       # declared afresh, homed on hare3
+    code, text = declare("nd.kept")     # a durable queue of a down node is refused, as RabbitMQ does
+    assert code == 404 and "down" in text
+    ch3.basic_publish("", "nd.transient", b"new home")
+    assert wait_until(lambda: ch3.basic_get("nd.transient", auto_ack=True)[2], timeout=5) == b"new home"
+
+
 def test_a_node_cut_off_closes_its_clients_and_the_majority_drops_their_exclusive_queues(cluster):
     """Pause-minority: the node in the minority closes its clients itself (320), so their
     exclusive queues are dead and the majority deletes them; exclusive queues of clients on the
