@@ -230,21 +230,23 @@ class MetadataMachine:
         if since != c.since or self.down.get(c.node) == since:
             return {"down": False}
         self.down[c.node] = since
-        deleted = []
+        deleted = {"exclusive_queues_deleted": 0, "transient_queues_deleted": 0}
         for vhost in self.broker.vhosts.values():
             for queue in list(vhost.queues.values()):
-                if not (self._owned_by(queue, c.node) or self._transient_on(vhost, queue, c.node)):
+                if self._owned_by(queue, c.node):
+                    deleted["exclusive_queues_deleted"] += 1
+                elif self._transient_on(vhost, queue, c.node):
+                    deleted["transient_queues_deleted"] += 1
+                else:
                     continue
                 if self.mirroring is not None:
                     self.mirroring.deleted(vhost.name, queue.name)
                 vhost.remove_queue(queue)
-                deleted.append(queue.name)
         if not self.replaying:
-            self.log.warning("member down: what its connections owned goes", member=c.node,
-                             exclusive_queues_deleted=len(deleted))
+            self.log.warning("member down: what its connections owned goes", member=c.node, **deleted)
             if self.on_node_down is not None:
                 self.on_node_down(c.node)
-        return {"down": True, "exclusive_queues_deleted": len(deleted)}
+        return {"down": True, **deleted}
 
     @staticmethod
     def _owned_by(queue, node: str) -> bool:

@@ -86,8 +86,8 @@ def test_node_down_deletes_the_exclusive_queues_of_that_nodes_connections_unless
     machine.on_node_down = ended.append
     vhost = machine.broker.vhosts["/"]
 
-    def declare(index, name, owner, exclusive=True):
-        entry = C.QueueDeclare("/", name, False, exclusive, False, {}, home=owner.split("/")[0], owner=owner)
+    def declare(index, name, owner, exclusive=True, durable=False):
+        entry = C.QueueDeclare("/", name, durable, exclusive, False, {}, home=owner.split("/")[0], owner=owner)
         machine.apply(index, json.dumps(entry.to_json()).encode())
 
     def apply(index, command):
@@ -95,16 +95,19 @@ def test_node_down_deletes_the_exclusive_queues_of_that_nodes_connections_unless
     apply(1, C.NodeRestarted("hare2", "first"))
     declare(2, "replies.2", "hare2/a1")
     declare(3, "replies.3", "hare3/b1")
-    declare(4, "shared", "hare2/a1", exclusive=False)                   # not exclusive: it stays
+    declare(4, "shared", "hare2/a1", exclusive=False, durable=True)     # durable, not exclusive: it stays
+    declare(5, "transient", "hare2/a1", exclusive=False)                # non-durable, unmirrored: it goes
     assert apply(5, C.NodeDown("hare2", 0)) == {"down": False}          # decided before it returned
-    assert apply(6, C.NodeDown("hare2", 1)) == {"down": True, "exclusive_queues_deleted": 1}
+    assert apply(6, C.NodeDown("hare2", 1)) == {"down": True, "exclusive_queues_deleted": 1,
+                                                "transient_queues_deleted": 1}
     assert sorted(vhost.queues) == ["replies.3", "shared"] and ended == ["hare2"]
     assert apply(7, C.NodeDown("hare2", 1)) == {"down": False}          # once per return
     apply(8, C.NodeResumed("hare2"))                                    # back from a pause
     declare(9, "replies.2", "hare2/a2")
     assert apply(10, C.NodeDown("hare2", 1)) == {"down": False}         # on the view before it
     assert "replies.2" in vhost.queues and ended == ["hare2"]
-    assert apply(11, C.NodeDown("hare2", 8)) == {"down": True, "exclusive_queues_deleted": 1}
+    assert apply(11, C.NodeDown("hare2", 8)) == {"down": True, "exclusive_queues_deleted": 1,
+                                                 "transient_queues_deleted": 0}
     assert sorted(vhost.queues) == ["replies.3", "shared"] and ended == ["hare2", "hare2"]
     replaying = MetadataMachine("hare1", Broker("hare1"), lambda _n: None, lambda: ())   # history only
     replaying.on_node_down = ended.append
