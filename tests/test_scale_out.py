@@ -194,3 +194,53 @@ def test_a_member_joins_by_static_peers_and_joins_again_after_it_was_forgotten(t
         conn.close()
     finally:
         stop_cluster([*members, fourth])
+
+
+def test_a_member_restarts_while_one_its_peer_list_lacks_leads(tmp_path):
+    """A member's `--peer` list names the first three; the fourth joined through the log and
+    now leads it. Killed and restarted on its data, the member hears of the fourth first from
+    the fourth's appends, before it has applied the member.add that names it: it follows it and
+    serves, instead of refusing the leader until its election timer goes and the cluster's
+    leadership with it. The fourth is named hare0: a dead leader's successor stands by name."""
+    members = plain_cluster(tmp_path)
+    ports = {m.name: m.cluster_port for m in members}
+    port = free_port()
+    fourth = ClusterMember("hare0", tmp_path / "hare0", port, {n: f"127.0.0.1:{p}" for n, p in ports.items()},
+                           members[0].secret_file)
+    fourth.extra_args = ["--join-as", f"127.0.0.1:{port}"]
+    everyone = {m.name: m for m in (*members, fourth)}
+    try:
+        launch([fourth])
+
+        def four_running(m) -> bool:
+            return sorted(ctl_json(m, "cluster-status")["running"]) == sorted(everyone)
+        for m in everyone.values():
+            wait_until(lambda m=m: four_running(m), timeout=30, message=f"{m.name} does not count hare0")
+
+        def leader_seen_by(m) -> str | None:
+            status = ctl_json(m, "cluster-status")
+            return status["leader"] if status["leader"] and status["majority"] else None
+        for _ in range(8):          # depose leaders until the fourth leads (each restarted at once)
+            leader = wait_until(lambda: leader_seen_by(fourth), timeout=30, message="no leader")
+            if leader == "hare0":
+                break
+            everyone[leader].kill9()
+            wait_until(lambda old=leader: leader_seen_by(fourth) not in (None, old), timeout=30,
+                       message=f"no leader after {leader} was killed")
+            launch([everyone[leader]])
+            wait_until(lambda m=everyone[leader]: four_running(m), timeout=30,
+                       message=f"{leader} does not count four after its restart:\n{everyone[leader].log_tail()}")
+        assert leader_seen_by(fourth) == "hare0"
+        restarted = members[2]
+        restarted.kill9()
+        launch([restarted])
+        wait_until(lambda: leader_seen_by(restarted) == "hare0" and four_running(restarted), timeout=30,
+                   message=f"hare3 does not follow hare0 after its restart:\n{restarted.log_tail()}")
+        conn = pika.BlockingConnection(pika.URLParameters(restarted.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("after.restart", durable=True)
+        ch.basic_publish("", "after.restart", b"x", pika.BasicProperties(delivery_mode=2))
+        conn.close()
+    finally:
+        stop_cluster(list(everyone.values()))

@@ -133,7 +133,7 @@ class RaftMachine:
                 self._heartbeat(now)
             return self._take()
         leader = self._other_leader()
-        leader_up = leader is not None and self.members.is_up(leader)
+        leader_up = leader is not None and self._leader_up(leader, now)
         if leader is not None and not leader_up:
             # the leader is gone (its port refuses us): no need to sit out a full timeout.
             # Every survivor sees that at once, so they go in turn (by name) rather than
@@ -157,7 +157,14 @@ class RaftMachine:
     def leader_gone(self) -> bool:
         """A leader other than us is known, and the failure detector sees it down."""
         leader = self._other_leader()
-        return leader is not None and not self.members.is_up(leader)
+        return leader is not None and leader in self.members.peers and not self.members.is_up(leader)
+
+    def _leader_up(self, leader: str, now: float) -> bool:
+        """The failure detector's word on a leader it knows; one it does not know yet (added
+        by an entry this node has not applied) is up while its appends keep coming."""
+        if leader in self.members.peers:
+            return self.members.is_up(leader)
+        return now - self.leader_heard < ELECTION_MAX
 
     def _stagger(self, dead: str) -> float:
         """This node's turn to stand when the leader died: 0.1 s apart by name among the members
@@ -169,7 +176,7 @@ class RaftMachine:
         The leader itself while it sees a majority; a follower within the minimum election
         timeout of an append from a leader its failure detector still sees up."""
         return rules.hears_from_leader(self.role, self.members.has_majority, self.leader, now,
-                                       self.leader_heard, ELECTION_MIN, self.members.is_up)
+                                       self.leader_heard, ELECTION_MIN, lambda n: self._leader_up(n, now))
 
     # ---- elections ----------------------------------------------------------------------------------
     def _electing(self, now: float) -> bool:
@@ -420,9 +427,12 @@ class RaftMachine:
 
     # ---- replication: a follower ------------------------------------------------------------------
     def _follow(self, term: int, leader: str, now: float) -> bool:
-        """A leader spoke (appends or a snapshot): follow it, unless its term is stale or it is
-        not a member (False)."""
-        if term < self.term or leader not in self.members.peers:
+        """A leader spoke (appends or a snapshot): follow it, unless its term is stale (False).
+        It may be a member this node has not heard of: one that joined through an entry this
+        node, restarted with a `--peer` list from before, has not applied yet. A majority that
+        knows it elected it, and its appends are what bring that entry here. (A forgotten
+        member never leads: nobody grants it a vote.)"""
+        if term < self.term:
             return False
         if term > self.term or self.role != "follower":
             self._step_down(term)
