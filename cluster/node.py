@@ -66,6 +66,7 @@ class ClusterNode:
         self._stop_node_with: Callable[..., None] | None = None   # from start(): stop with this reason
         self.tasks = TaskGroup(f"cluster node {name}")   # proposals in flight, pause/resume transitions
         self.joining = False           # a fresh member asking to be added: "not a member" is expected
+        self.added_at = 0              # the log index of our own member.add, as applied here
         self._join: asyncio.Future | None = None
         self.membership = Membership(name, config.peers, config.secret, config.failure_timeout,
                                      self._majority_changed, config.tls, on_alarms=self.broker.set_peer_alarms,
@@ -168,15 +169,18 @@ class ClusterNode:
         """member.add applied: count, ping and (as the leader) replicate to the new member, and
         place mirrors on it as the policies say."""
         if name == self.name:
-            self.joining = False       # our own entry: every member counts us from here on
+            self.joining = False       # our own entry: every member counts us once it applies it
+            self.added_at = self.raft.last_applied
         elif self.membership.add(name, address):
             self.raft.member_added(name)
             self.mirroring.policies_changed()
 
-    def _removed(self, told_by: str | None) -> None:
-        """This node was forgotten (haremq ctl forget-node): it must not take part any more."""
-        if told_by is not None and self.joining:
-            return     # not added yet: the others do not know us until our member.add applies
+    def _removed(self, told_by: str | None, told_applied: int = 0) -> None:
+        """This node was forgotten (haremq ctl forget-node): it must not take part any more.
+        A member that says so (its ping answer) counts only once it has applied our member.add:
+        one behind it does not know us yet."""
+        if told_by is not None and (self.joining or told_applied < self.added_at):
+            return
         self._stop_node("this node was removed from the cluster (haremq ctl forget-node"
                         + (f", as {told_by} says" if told_by else "") + "); start it on an empty data dir to join again")
 

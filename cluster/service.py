@@ -40,7 +40,7 @@ class ClusterService(pbg.ClusterServicer):
         self.node.membership.heard_from(request.node)
         return pb.PingReply(node=self.node.name, leader=self.node.leader_name() or "",
                             down=self.node.membership.down_members(), alarms=sorted(self.node.broker.alarms),
-                            paused=self.node.membership.paused,
+                            paused=self.node.membership.paused, commit_index=self.node.raft.last_applied,
                             # a member still replaying its log may not have applied the caller's member.add yet
                             not_member=request.node not in self.node.membership.peers
                             and not self.node.metadata.replaying)

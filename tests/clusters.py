@@ -154,6 +154,8 @@ def proxied_cluster(tmp_path, failure_timeout: float = 1.5, extra_args: dict | N
     launch(members)
     all_proxies = (*proxies.values(), *proxy_to_1.values())
     partition = {"cut": lambda: [p.cut() for p in all_proxies],
+                 # hare1 and one other cut from each other only (both still see the third)
+                 "bridge": lambda name: [proxies[name].cut(), proxy_to_1[name].cut()],
                  "heal": lambda: [p.heal() for p in all_proxies],
                  "close": lambda: [p.close() for p in all_proxies]}
     return members, partition

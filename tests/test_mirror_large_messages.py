@@ -34,3 +34,33 @@ def test_a_restarted_mirror_of_a_queue_of_large_messages_gets_back_in_sync(clust
     wait_until(lambda: "hare2" in ((_row(hare1, name) or {}).get("synchronised_mirrors") or []), timeout=60,
                message="the restarted mirror never got back in sync:\n" + hare1.log_tail())
     assert _row(hare1, name)["messages"] == COUNT
+
+
+HUNDRED_MIB = 100 << 20
+
+
+def test_three_100_mib_messages_through_a_member_that_is_not_the_master(cluster):
+    """Three 100 MiB messages published with confirms through hare2 to a queue mastered on hare1
+    and mirrored on all three: each crosses a queue link and two mirror streams. Every one is
+    confirmed, no member is counted down on the way (a node that stalls on one message past the
+    failure timeout has its clients closed with 320), and a consumer on hare3 gets them whole."""
+    hare1, hare2, hare3 = cluster
+    mirror_every_queue(hare1)
+    name = unique_name("large.remote")
+    pika_conn(hare1).channel().queue_declare(name, durable=True)
+    wait_until(lambda: sorted((_row(hare1, name) or {}).get("synchronised_mirrors") or []) == ["hare2", "hare3"],
+               timeout=20)
+    conn = pika_conn(hare2, heartbeat=0)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(3):
+        ch.basic_publish("", name, bytes([65 + i]) * HUNDRED_MIB, pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    for member in cluster:
+        log = member.log_path.read_text(errors="replace")
+        assert "member down" not in log and "majority lost" not in log, member.log_tail()
+    wait_until(lambda: (_row(hare1, name) or {}).get("messages") == 3, timeout=30)
+    ch = pika_conn(hare3, heartbeat=0).channel()
+    for i in range(3):
+        _method, _props, body = ch.basic_get(name, auto_ack=True)
+        assert body is not None and len(body) == HUNDRED_MIB and body[:1] == body[-1:] == bytes([65 + i])

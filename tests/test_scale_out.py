@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import time
 
 import pika
 
 from haremq.cluster.membership.discovery import dns_members
 from tests.clusters import (SECRET, ClusterMember, HostNames, control, ctl, ctl_json, launch, plain_cluster,
-                            stop_cluster)
+                            proxied_cluster, stop_cluster)
 from tests.conftest import free_port, wait_until
 
 
@@ -244,3 +245,42 @@ def test_a_member_restarts_while_one_its_peer_list_lacks_leads(tmp_path):
         conn.close()
     finally:
         stop_cluster(list(everyone.values()))
+
+
+def test_a_joining_member_is_not_sent_away_by_a_member_behind_the_log(tmp_path):
+    """hare2 is cut from the leader, hare1 (it still sees hare3), while hare4 joins: the other
+    three commit its member.add and hare4 applies it, but hare2 has not. hare2 answers hare4's
+    pings "not a member"; from a member that has not applied our member.add that says nothing,
+    and hare4 stays. Healed, hare2 counts it too."""
+    members, partition = proxied_cluster(tmp_path)
+    by_name = {m.name: m for m in members}
+    fourth = None
+    try:
+        for _ in range(3):     # hare1 leads: a dead leader's successor stands by name
+            leader = wait_until(lambda: ctl_json(by_name["hare1"], "cluster-status")["leader"], timeout=30)
+            if leader == "hare1":
+                break
+            by_name[leader].kill9()
+            wait_until(lambda old=leader: ctl_json(by_name["hare1"], "cluster-status")["leader"] not in (None, old),
+                       timeout=30)
+            launch([by_name[leader]])
+        assert ctl_json(by_name["hare1"], "cluster-status")["leader"] == "hare1"
+        port = free_port()
+        fourth = ClusterMember("hare4", tmp_path / "hare4", port,
+                               {m.name: f"127.0.0.1:{m.cluster_port}" for m in members}, members[0].secret_file)
+        fourth.extra_args = ["--join-as", f"127.0.0.1:{port}"]
+        partition["bridge"]("hare2")
+        wait_until(lambda: "hare2" not in ctl_json(by_name["hare1"], "cluster-status")["running"], timeout=30)
+        launch([fourth])
+        wait_until(lambda: "hare4" in ctl_json(by_name["hare3"], "cluster-status")["running"], timeout=30,
+                   message=f"hare4 never joined:\n{fourth.log_tail()}")
+        time.sleep(3.0)      # hare4 pings hare2 all the while
+        assert fourth.proc.poll() is None, f"hare4 stopped:\n{fourth.log_tail()}"
+        assert "hare4" not in ctl_json(by_name["hare2"], "cluster-status")["running"]
+        partition["heal"]()
+        wait_until(lambda: "hare4" in ctl_json(by_name["hare2"], "cluster-status")["running"], timeout=30,
+                   message=f"hare2 never counted hare4:\n{by_name['hare2'].log_tail()}")
+        assert fourth.proc.poll() is None, f"hare4 stopped:\n{fourth.log_tail()}"
+    finally:
+        partition["close"]()
+        stop_cluster([*members, *([fourth] if fourth else [])])

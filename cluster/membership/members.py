@@ -125,10 +125,10 @@ class Membership:
     def __init__(self, name: str, peers: dict[str, str], secret: str, failure_timeout: float,
                  on_majority: Callable[[bool], None], tls=None, *,
                  on_alarms: Callable[[str, frozenset], None] | None = None,
-                 on_removed: Callable[[str], None] | None = None):
+                 on_removed: Callable[[str, int], None] | None = None):
         """on_majority(has_it) when this node gains or loses sight of a majority; on_alarms(name,
-        alarms) when a member's own alarms change; on_removed(name) when a member says this node
-        was forgotten."""
+        alarms) when a member's own alarms change; on_removed(name, applied) when a member says
+        this node was forgotten (`applied`: the last log index it has applied)."""
         self.name = name
         self.peers = {n: Peer(n, a) for n, a in peers.items() if n != name}
         self.secret = secret
@@ -289,7 +289,7 @@ class Membership:
                 peer.leader = reply.leader
                 peer.sees_down = frozenset(reply.down)
                 if reply.not_member and self.on_removed is not None:
-                    self.on_removed(peer.name)
+                    self.on_removed(peer.name, reply.commit_index)
                 self._peer_alarms(peer, frozenset(reply.alarms))
                 if not was_up:
                     self.log.info("member up", member=peer.name)
