@@ -151,9 +151,11 @@ class MetadataMachine:
         return {"queue": name, "home": c.home}
 
     def _remote_queue(self, vhost, name, home, durable, owner, auto_delete, arguments) -> RemoteQueue:
-        return RemoteQueue(name, vhost.name, home, self.peers, durable=durable, exclusive_owner=owner,
-                           auto_delete=auto_delete, arguments=arguments, metadata=self.call_metadata,
-                           home_up=self.is_up, on_home_lost=self.on_home_lost, tasks=self.tasks)
+        remote = RemoteQueue(name, vhost.name, home, self.peers, durable=durable, exclusive_owner=owner,
+                             auto_delete=auto_delete, arguments=arguments, metadata=self.call_metadata,
+                             home_up=self.is_up, on_home_lost=self.on_home_lost, tasks=self.tasks)
+        remote.apply_policy(vhost.policy_definition(name))     # what of it is ours: the consumer timeout
+        return remote
 
     def _queue_delete(self, index, c):
         vhost = self._vhost_named(c.vhost)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
 import structlog
 
+from .broker import consumer_timeout as ack_timeouts
 from .broker.broker import Broker
 from .gc_pauses import GCPauses
 from .management.cluster_view import ClusterView
@@ -42,6 +44,7 @@ class NodeConfig:
     peers: dict = field(default_factory=dict)   # name -> host:port of the other members
     cluster_secret: str = ""
     failure_timeout: float = 3.0
+    consumer_timeout: int = ack_timeouts.DEFAULT_MS   # ms; 0 = none (node/broker/consumer_timeout.py)
     cluster_tls: object = None                  # cluster.transport.TLSFiles: mutual TLS between members
     default_user: str | None = None
     default_pass: str | None = None
@@ -122,6 +125,8 @@ class Node:
             raise NodeError(f"cannot listen on {self.config.bind}:{ports}: {exc.strerror or exc}") from None
         if self.resources is not None:
             self.resources.start()
+        if self.config.consumer_timeout:
+            self.tasks.spawn(self._consumer_timeouts())
         try:
             await self.cluster.start(self.amqp, self.fail)
         except OSError as exc:
@@ -131,6 +136,16 @@ class Node:
                       amqps=f"{self.config.bind}:{self.amqp.tls_port}" if self.amqp.tls_port else None,
                       data_dir=str(self.config.data_dir), pid=os.getpid(),
                       open_files=resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+    async def _consumer_timeouts(self) -> None:
+        """Channels whose oldest delivery waits past its timeout are closed (406), now and then."""
+        default = self.config.consumer_timeout
+        while True:
+            await asyncio.sleep(ack_timeouts.CHECK_EVERY)
+            for session, channel_id, limit in ack_timeouts.check(self.broker.sessions, time.monotonic(),
+                                                                     default):
+                session.log.warning("consumer timed out waiting for delivery acknowledgement: channel closed",
+                                    channel=channel_id, timeout_ms=limit)
 
     async def _start_management(self) -> None:
         """The management HTTP API and web view, and Prometheus metrics (node/management/)."""

@@ -51,6 +51,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = integer(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
 def seconds(text: str) -> float:
     try:
         value = float(text)
@@ -147,6 +154,8 @@ NODE_SETTINGS = [
     Setting("insecure_cluster", boolean, False, "start a cluster with the public example secret or with none "
             "(tests, a trial on one machine); otherwise such a node refuses to start"),
     Setting("failure_timeout", seconds, 3.0, "seconds without an answer before a member counts as down"),
+    Setting("consumer_timeout", non_negative_int, 1_800_000, "ms a delivery may wait for its ack before its "
+            "channel is closed (406) and it is requeued, as RabbitMQ's consumer_timeout (default 30 min; 0: never)"),
     Setting("default_user", text, None, "create this user (all permissions on /) at first start"),
     Setting("default_pass", text, None, "its password"),
     Setting("definitions", path, None, "RabbitMQ definitions JSON (users, vhosts, permissions, policies, queues, "

@@ -17,6 +17,7 @@ import grpc
 import structlog
 from pamqp import encode
 
+from haremq.node.broker import policy as pol
 from haremq.node.broker.message import Message
 from haremq.node.broker.node_itself import NODE_ITSELF
 from haremq.node.protocol.replies import AMQPError, ReplyCode
@@ -96,6 +97,8 @@ class RemoteQueue:
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
+        # checked here, where its consumers' deliveries are (node/broker/consumer_timeout.py)
+        self.consumer_timeout = pol.effective(self.arguments, {}, "consumer-timeout")
         self.consumers: deque = deque()
         self.deleted = False
         self.remote_count = 0
@@ -434,8 +437,9 @@ class RemoteQueue:
     def touch(self) -> None:
         return None      # x-expires is the home node's business
 
-    def apply_policy(self, _definition) -> None:
-        return None      # the home node applies policies to the queue itself
+    def apply_policy(self, definition) -> None:
+        """The home node applies policies to the queue itself; the consumer timeout is ours."""
+        self.consumer_timeout = pol.effective(self.arguments, definition or {}, "consumer-timeout")
 
     def purge_from(self, answer) -> None:
         """queue.purge on the home node; answer(count, error) when it has done it."""

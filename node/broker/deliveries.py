@@ -10,21 +10,24 @@ AMQP methods that change it so that they read as the protocol does.
 from __future__ import annotations
 
 from collections import deque
+from time import monotonic
 
 from ..protocol.replies import ReplyCode, error
 from .message import Entry
 
 
 class Unacked:
-    """A delivery waiting for its ack: which entry, from which queue, through which consumer."""
+    """A delivery waiting for its ack: which entry, from which queue, through which consumer,
+    and since when (node/broker/consumer_timeout.py)."""
 
-    __slots__ = ("tag", "entry", "queue", "consumer")
+    __slots__ = ("tag", "entry", "queue", "consumer", "at")
 
     def __init__(self, tag: int, entry: Entry, queue, consumer):
         self.tag = tag
         self.entry = entry
         self.queue = queue
         self.consumer = consumer
+        self.at = monotonic()
 
 
 class Deliveries:
@@ -52,6 +55,10 @@ class Deliveries:
         if consumer is not None:
             consumer.unacked += 1
             self.global_unacked += 1
+
+    def oldest(self) -> Unacked | None:
+        """The delivery waiting longest (tags are handed out in order, and kept in it)."""
+        return next(iter(self.unacked.values()), None)
 
     def take(self, tag: int, multiple: bool, method) -> list[Unacked]:
         """The deliveries an ack, nack or reject names; an unknown tag is a channel error (ACK-4)."""

@@ -7,7 +7,7 @@ priority and a definition such as `{"message-ttl": 60000,
 with the highest priority applies. Where a queue has both the `x-` argument
 and the policy key, RabbitMQ's rule decides (rabbit_amqqueue_process,
 `process_args_policy`): the lower of the two for `expires`, `message-ttl`,
-`max-length`, `max-length-bytes` and `delivery-limit`; the queue's own
+`max-length`, `max-length-bytes`, `delivery-limit` and `consumer-timeout`; the queue's own
 argument for `dead-letter-exchange`, `dead-letter-routing-key`,
 `dead-letter-strategy` and `overflow` (and for the deduplication keys `message-deduplication`,
 `cache-size` and `cache-ttl`).
@@ -29,6 +29,7 @@ QUEUE_KEYS = {
     "max-length": _MIN,
     "max-length-bytes": _MIN,
     "delivery-limit": _MIN,
+    "consumer-timeout": _MIN,
     "overflow": _ARG,
     "dead-letter-exchange": _ARG,
     "dead-letter-routing-key": _ARG,
@@ -43,13 +44,13 @@ OTHER_KEYS = {"ha-mode", "ha-params", "ha-sync-mode", "ha-promote-on-shutdown", 
               "ha-min-in-sync-mirrors",
               "ha-sync-batch-size", "queue-mode", "queue-master-locator", "federation-upstream",
               "federation-upstream-set", "max-age", "stream-max-segment-size-bytes", "queue-version",
-              "max-in-memory-length", "max-in-memory-bytes", "consumer-timeout"}
+              "max-in-memory-length", "max-in-memory-bytes"}
 APPLY_TO = ("all", "queues", "exchanges")
 HA_MODES = ("all", "exactly", "nodes")
 HA_SYNC_MODES = ("manual", "automatic")
 HA_PROMOTE = ("when-synced", "always")
 _INT_KEYS = {"message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit", "cache-size",
-             "cache-ttl"}
+             "cache-ttl", "consumer-timeout"}
 
 
 class PolicyError(ValueError):

@@ -84,6 +84,7 @@ class Queue:
         if self.ttl is not None:
             self.expiring = True
         self._resolve_dedup(dd.settings(*settings.deduplication))
+        self.consumer_timeout = settings.consumer_timeout
 
     def _resolve_dedup(self, conf) -> None:
         """Deduplication on, off or resized; a durable queue's ids are kept in (and were

@@ -51,12 +51,13 @@ class Limits(NamedTuple):
     dlx_routing_key: Any
     dead_letter_strategy: Any
     deduplication: tuple[Any, Any, Any]     # message-deduplication, cache-size, cache-ttl
+    consumer_timeout: int | None            # ms (node/broker/consumer_timeout.py)
 
 
-NO_LIMITS = Limits(None, None, OVERFLOW_DROP_HEAD, None, None, None, None, None, None, (None, None, None))
+NO_LIMITS = Limits(None, None, OVERFLOW_DROP_HEAD, None, None, None, None, None, None, (None, None, None), None)
 _KEYS = ("max-length", "max-length-bytes", "overflow", "message-ttl", "expires", "delivery-limit",
          "dead-letter-exchange", "dead-letter-routing-key", "dead-letter-strategy", "message-deduplication",
-         "cache-size", "cache-ttl")
+         "cache-size", "cache-ttl", "consumer-timeout")
 _ARGUMENTS = frozenset("x-" + key for key in _KEYS)
 
 
@@ -70,7 +71,8 @@ def limits(arguments: dict[str, Any], policy: dict[str, Any]) -> Limits:
                   int_arg({"x-max-length-bytes": got["max-length-bytes"]}, "x-max-length-bytes"),
                   got["overflow"] or OVERFLOW_DROP_HEAD, got["message-ttl"], got["expires"], got["delivery-limit"],
                   got["dead-letter-exchange"], got["dead-letter-routing-key"], got["dead-letter-strategy"],
-                  (got["message-deduplication"], got["cache-size"], got["cache-ttl"]))
+                  (got["message-deduplication"], got["cache-size"], got["cache-ttl"]),
+                  int_arg({"x-consumer-timeout": got["consumer-timeout"]}, "x-consumer-timeout"))
 
 
 def int_arg(arguments: dict[str, Any], name: str) -> int | None:

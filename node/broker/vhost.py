@@ -34,11 +34,12 @@ EXCHANGE_ARGS_CHECKED = ("alternate-exchange",)
 QUORUM_ARGS = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-dead-letter-strategy", "x-expires",
                "x-max-length", "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes",
                "x-overflow", "x-single-active-consumer", "x-queue-type", "x-quorum-initial-group-size",
-               "x-delivery-limit", "x-message-ttl", "x-queue-leader-locator")
+               "x-delivery-limit", "x-message-ttl", "x-queue-leader-locator", "x-consumer-timeout")
 CLASSIC_ARGS = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-length",
                 "x-max-length-bytes", "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version",
                 "x-single-active-consumer", "x-queue-type", "x-queue-master-locator",
-                "x-delivery-limit")     # HareMQ's own: x-delivery-limit on every queue (README)
+                "x-delivery-limit",     # HareMQ's own: x-delivery-limit on every queue (README)
+                "x-consumer-timeout")   # RabbitMQ 3.12's
 STREAM_ARGS = ("x-max-length-bytes", "x-queue-type", "x-max-age", "x-stream-max-segment-size-bytes",
                "x-initial-cluster-size", "x-queue-leader-locator")
 TYPE_ARGS = {"classic": CLASSIC_ARGS, "quorum": QUORUM_ARGS}
@@ -319,17 +320,21 @@ class VHost:
                       store=self.persistence.store if store_id else None, store_id=store_id)
         queue.set_dead_letter_handler(self._queue_dead_letter)
         self.queues[name] = queue
-        policy = winning(self.policies.values(), "queue", name)
-        if policy is not None:
-            queue.apply_policy(policy.definition)
+        definition = self.policy_definition(name)
+        if definition is not None:
+            queue.apply_policy(definition)
         queue.touch()
         return queue
+
+    def policy_definition(self, queue_name: str) -> dict | None:
+        """The definition of the policy that wins for this queue name, if any."""
+        policy = winning(self.policies.values(), "queue", queue_name)
+        return policy.definition if policy is not None else None
 
     def apply_policies(self) -> None:
         """The vhost's policies changed: give every queue the definition that now wins."""
         for queue in list(self.queues.values()):
-            policy = winning(self.policies.values(), "queue", queue.name)
-            queue.apply_policy(policy.definition if policy is not None else None)
+            queue.apply_policy(self.policy_definition(queue.name))
 
     def dead_letter(self, queue: Queue, messages: list, reason: str, held: list | None = None) -> None:
         """Republish messages a queue lets go (rejected, maxlen, expired, delivery_limit) to its
@@ -480,7 +485,8 @@ def _validate_queue_args(what: str, arguments: dict, method, durable: bool, excl
     kind = _validate_queue_type(what, arguments, method)
     own = TYPE_ARGS[kind]     # only the queue type's own arguments have their values checked
     for key in ("x-max-length", "x-max-length-bytes", "x-message-ttl", "x-expires", "x-max-priority",
-                "x-delivery-limit", "x-quorum-initial-group-size", "x-max-in-memory-length", "x-max-in-memory-bytes"):
+                "x-delivery-limit", "x-quorum-initial-group-size", "x-max-in-memory-length", "x-max-in-memory-bytes",
+                "x-consumer-timeout"):
         value = arguments.get(key)
         if value is None or key not in own:
             continue
