@@ -12,6 +12,7 @@ to a durable queue).
 from __future__ import annotations
 
 import asyncio
+import time
 
 from pamqp import decode
 
@@ -22,16 +23,18 @@ from haremq.node.tasks import TaskGroup
 
 from haremq.cluster.links.codec import message_from_pb, message_to_pb, unpack_publishes
 from haremq.cluster.links.link import DISCARD, MOVED, REQUEUE, event_weight, piled_up
+from haremq.cluster.links.received_ids import ReceivedIds
 from haremq.cluster.rpc import cluster_pb2 as pb
 
 MAX_PENDING_EVENTS = 2000
 
 
 class LinkChannel:
-    def __init__(self, queue: Queue, events: asyncio.Queue, mirroring):
+    def __init__(self, queue: Queue, events: asyncio.Queue, mirroring, received: ReceivedIds):
         self.queue = queue
         self.events = events
         self.mirroring = mirroring
+        self.received = received
         self.next_id = 1
         self.unacked: dict[int, tuple] = {}     # id -> (entry, consumer or None)
         self.consumers: dict[str, Consumer] = {}
@@ -128,12 +131,17 @@ class LinkChannel:
             if seq:                         # nothing more is confirmed here
                 self._confirm(seq, False)
             return
-        if self.mirroring.holds_already(queue, message):
-            # sent again after a failover: the promoted mirror had it already
+        publish_id = message.publish_id
+        if publish_id and (self.mirroring.holds_already(queue, message)
+                           or self.received.seen(queue, publish_id, time.monotonic())):
+            # sent again after a failover (the promoted mirror had it already) or a blip of
+            # this node's (it came here before the publisher's link broke)
             if seq:
                 self.mirroring.confirm_held(queue, lambda ok, s=seq: self._durable(ok, s))
             return
         outcome = queue.publish(message)
+        if publish_id and outcome in (LOGGED, SAFE):
+            self.received.add(queue, publish_id, time.monotonic())
         if seq:
             if outcome == LOGGED:
                 queue.when_safe(self._durable, seq)
@@ -203,6 +211,7 @@ class Links:
 
     def __init__(self):
         self.by_node: dict[str, set[LinkChannel]] = {}
+        self.received = ReceivedIds()     # publish ids their publishes brought, by queue
 
     def add(self, node: str, link: LinkChannel) -> None:
         if node:
@@ -250,7 +259,7 @@ async def serve_link(broker, first, request_iterator, context, links: Links, mir
         yield pb.QueueEvent(error=pb.QueueEvent.Error(
             code=404, text=f"NOT_FOUND - no queue '{first.open.queue}' in vhost '{first.open.vhost}'"))
         return
-    link = LinkChannel(queue, events, mirroring)
+    link = LinkChannel(queue, events, mirroring, links.received)
     origin = owner_node(first.open.owner)
     links.add(origin, link)
 

@@ -32,7 +32,8 @@ ENQUEUE, DELIVER, REMOVE, REQUEUE = (pb.MirrorOp.ENQUEUE, pb.MirrorOp.DELIVER, p
                                      pb.MirrorOp.REQUEUE)
 
 
-REMOVED_IDS = 10_000   # publish ids of messages removed lately, and of the newest ones, kept
+REMOVED_IDS = 100_000  # publish ids of messages removed lately, and of the newest ones, kept: as
+                       # many as a publisher's node holds for a failover (remote_queue.HELD_MAX)
 FILL_LIMIT = 100_000  # a reconcile lacking more than this asks for the whole queue instead
 RESYNC = object()     # ack queue item: reconcile refused, the master sends a full snapshot
 
