@@ -95,7 +95,7 @@ class Mesh:
         self.spare.extra_args = ["--join-as", f"127.0.0.1:{self.to_spare.port}"]
         self.joined = False                 # the spare is a member now
         self.by_name = {m.name: m for m in (*self.members, self.spare)}
-        self.small_disks = all(self._small_disk(m.data_dir) for m in self.members)
+        self.small_disks = all(self._small_disk(m.data_dir) for m in self.by_name.values())
 
     def names(self) -> tuple[str, ...]:
         """The members now: the three, and the spare while it has joined."""
@@ -113,7 +113,10 @@ class Mesh:
         return done.returncode == 0
 
     def fill_disk(self, name: str) -> Path:
-        """Take every free byte of a member's data filesystem; the file returned gives them back."""
+        """Take every free byte of a member's data filesystem (its own small one, never the
+        machine's); the file returned gives them back."""
+        if not os.path.ismount(self.by_name[name].data_dir):
+            raise RuntimeError(f"{name}'s data dir is not a filesystem of its own: not filling it")
         filler = self.by_name[name].data_dir / "nemesis-filler"
         fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
@@ -187,7 +190,7 @@ class Mesh:
         for proxy in (*self.proxies.values(), self.to_spare):
             proxy.close()
         if self.small_disks:
-            for m in self.members:
+            for m in self.by_name.values():
                 subprocess.run(["umount", "-l", str(m.data_dir)], capture_output=True)
 
 
