@@ -295,7 +295,7 @@ class MetadataMachine:
                 self.mirroring.policies_changed()    # ha-mode all (or nodes) may now take it in
         if self.on_add is not None:
             self.on_add(c.node, c.address)
-        return {"added": c.node}
+        return {"added": c.node, "index": index}
 
     def _member_forget(self, index, c):
         """`haremq ctl forget-node`: the member leaves the cluster for good. As with RabbitMQ's

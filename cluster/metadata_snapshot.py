@@ -174,7 +174,9 @@ def restore(machine: MetadataMachine, index: int, state: dict) -> None:
             if machine.on_add is not None:
                 machine.on_add(name, address)
         elif name == machine.node:
-            if machine.on_removed is not None:
+            # replaying, it may be an earlier membership's forget: a member forgotten, wiped and
+            # joining again (its new member.add follows; checked once replayed, as for the log)
+            if machine.on_removed is not None and not machine.replaying:
                 machine.on_removed(None)
         elif machine.on_forget is not None:
             machine.on_forget(name)

@@ -67,6 +67,7 @@ class ClusterNode:
         self.tasks = TaskGroup(f"cluster node {name}")   # proposals in flight, pause/resume transitions
         self.joining = False           # a fresh member asking to be added: "not a member" is expected
         self.added_at = 0              # the log index of our own member.add, as applied here
+        self.join_index = 0            # ... and of the one our join asked for (a replay may hold older ones)
         self._join: asyncio.Future | None = None
         self.membership = Membership(name, config.peers, config.secret, config.failure_timeout,
                                      self._majority_changed, config.tls, on_alarms=self.broker.set_peer_alarms,
@@ -169,11 +170,23 @@ class ClusterNode:
         """member.add applied: count, ping and (as the leader) replicate to the new member, and
         place mirrors on it as the policies say."""
         if name == self.name:
-            self.joining = False       # our own entry: every member counts us once it applies it
             self.added_at = self.raft.last_applied
+            self._joined()
         elif self.membership.add(name, address):
             self.raft.member_added(name)
             self.mirroring.policies_changed()
+
+    def joined_at(self, index: int) -> None:
+        """Our join's member.add committed at `index`."""
+        self.join_index = index
+        self._joined()
+
+    def _joined(self) -> None:
+        """Joining ends once the member.add our join asked for is applied here: every member
+        counts us once it applies it too. (A name forgotten and joining again replays its
+        earlier member.add and forget first.)"""
+        if self.joining and self.join_index and self.added_at >= self.join_index:
+            self.joining = False
 
     def _removed(self, told_by: str | None, told_applied: int = 0) -> None:
         """This node was forgotten (haremq ctl forget-node): it must not take part any more.

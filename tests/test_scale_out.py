@@ -251,7 +251,8 @@ def test_a_joining_member_is_not_sent_away_by_a_member_behind_the_log(tmp_path):
     """hare2 is cut from the leader, hare1 (it still sees hare3), while hare4 joins: the other
     three commit its member.add and hare4 applies it, but hare2 has not. hare2 answers hare4's
     pings "not a member"; from a member that has not applied our member.add that says nothing,
-    and hare4 stays. Healed, hare2 counts it too."""
+    and hare4 stays. Healed, hare2 counts it too. Then the same for hare4 forgotten and joining
+    again."""
     members, partition = proxied_cluster(tmp_path)
     by_name = {m.name: m for m in members}
     fourth = None
@@ -269,18 +270,24 @@ def test_a_joining_member_is_not_sent_away_by_a_member_behind_the_log(tmp_path):
         fourth = ClusterMember("hare4", tmp_path / "hare4", port,
                                {m.name: f"127.0.0.1:{m.cluster_port}" for m in members}, members[0].secret_file)
         fourth.extra_args = ["--join-as", f"127.0.0.1:{port}"]
-        partition["bridge"]("hare2")
-        wait_until(lambda: "hare2" not in ctl_json(by_name["hare1"], "cluster-status")["running"], timeout=30)
-        launch([fourth])
-        wait_until(lambda: "hare4" in ctl_json(by_name["hare3"], "cluster-status")["running"], timeout=30,
-                   message=f"hare4 never joined:\n{fourth.log_tail()}")
-        time.sleep(3.0)      # hare4 pings hare2 all the while
-        assert fourth.proc.poll() is None, f"hare4 stopped:\n{fourth.log_tail()}"
-        assert "hare4" not in ctl_json(by_name["hare2"], "cluster-status")["running"]
-        partition["heal"]()
-        wait_until(lambda: "hare4" in ctl_json(by_name["hare2"], "cluster-status")["running"], timeout=30,
-                   message=f"hare2 never counted hare4:\n{by_name['hare2'].log_tail()}")
-        assert fourth.proc.poll() is None, f"hare4 stopped:\n{fourth.log_tail()}"
+        for round_ in ("a first join", "a join after it was forgotten"):
+            partition["bridge"]("hare2")
+            wait_until(lambda: "hare2" not in ctl_json(by_name["hare1"], "cluster-status")["running"], timeout=30)
+            launch([fourth])
+            wait_until(lambda: "hare4" in ctl_json(by_name["hare3"], "cluster-status")["running"], timeout=30,
+                       message=f"{round_}: hare4 never joined:\n{fourth.log_tail()}")
+            time.sleep(3.0)      # hare4 pings hare2 all the while
+            assert fourth.proc.poll() is None, f"{round_}: hare4 stopped:\n{fourth.log_tail()}"
+            assert "hare4" not in ctl_json(by_name["hare2"], "cluster-status")["running"]
+            partition["heal"]()
+            wait_until(lambda: "hare4" in ctl_json(by_name["hare2"], "cluster-status")["running"], timeout=30,
+                       message=f"{round_}: hare2 never counted hare4:\n{by_name['hare2'].log_tail()}")
+            assert fourth.proc.poll() is None, f"{round_}: hare4 stopped:\n{fourth.log_tail()}"
+            # forgotten: joining again on an empty disk, it replays its first member.add and the
+            # forget before the member.add it asks for now
+            fourth.kill9()
+            wait_until(lambda: ctl(by_name["hare1"], "forget-node", "hare4").returncode == 0, timeout=20)
+            shutil.rmtree(fourth.data_dir)
     finally:
         partition["close"]()
         stop_cluster([*members, *([fourth] if fourth else [])])

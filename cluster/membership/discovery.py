@@ -69,6 +69,8 @@ async def join(node, advertise: str, interval: float = 1.0) -> None:
             except grpc.aio.AioRpcError:
                 continue
             if reply.ok:
-                log.info("joined the cluster", via=peer.name, address=advertise)
+                result = json.loads(reply.result) if reply.result else {}
+                log.info("joined the cluster", via=peer.name, address=advertise, index=result.get("index"))
+                node.joined_at(int(result.get("index") or 1))
                 return
         await asyncio.sleep(interval)
