@@ -152,8 +152,25 @@ class Mesh:
     def wait_serving(self, names=None, timeout: float = 60) -> None:
         for name in names or self.names():
             m = self.by_name[name]
-            wait_until(lambda m=m: port_open(m.port, 0.2, m.host), timeout=timeout,
-                       message=f"{m.name} never served AMQP:\n{m.log_tail()}")
+            try:
+                wait_until(lambda m=m: port_open(m.port, 0.2, m.host), timeout=timeout)
+            except AssertionError:
+                raise AssertionError(f"{m.name} never served AMQP: {self.process_state(name)}\n"
+                                     f"{m.log_path.read_text(errors='replace')[-6000:]}") from None
+
+    def process_state(self, name: str) -> str:
+        """What a member's process is doing (its state, CPU seconds and, with py-spy installed,
+        every thread's stack): a node that never serves may be stuck or spinning."""
+        proc = self.by_name[name].proc
+        if proc is None or proc.poll() is not None:
+            return f"exited ({None if proc is None else proc.returncode})"
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        state = f"pid {proc.pid} state {fields[0]}, cpu {(int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK'):.1f} s"
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if os.path.exists(spy):
+            dump = subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=30)
+            state += "\n" + dump.stdout[-8000:]
+        return state
 
     def running(self, name: str) -> bool:
         m = self.by_name[name]
