@@ -567,6 +567,13 @@ class Raft:
                         return json.loads(reply.result) if reply.result else None
                 except grpc.aio.AioRpcError:
                     pass
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is None or task.cancelling():
+                        raise
+                    # not us: the call's channel was closed under it (the leader's member.forget
+                    # and member.add applied here meanwhile, as a replay after a rejoin has them).
+                    # Raised on, it ended the caller silently: a restarted node never served.
             if time.monotonic() > deadline:
                 raise NotLeader("no metadata leader answered")
             await asyncio.sleep(0.05)
