@@ -558,25 +558,34 @@ class Raft:
                     continue     # deposed by a newer election: hand it to the new leader
             leader = self.membership.peers.get(self.leader or "")
             if leader is not None and self.membership.is_up(leader.name):
-                try:
-                    reply = await leader.stub.Propose(
-                        pb.ProposeRequest(command=data), metadata=self.membership.metadata(),
-                        timeout=max(0.1, min(2.0, deadline - time.monotonic())))
-                    if reply.ok:
-                        await self.wait_applied(reply.index)
-                        return json.loads(reply.result) if reply.result else None
-                except grpc.aio.AioRpcError:
-                    pass
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if task is None or task.cancelling():
-                        raise
-                    # not us: the call's channel was closed under it (the leader's member.forget
-                    # and member.add applied here meanwhile, as a replay after a rejoin has them).
-                    # Raised on, it ended the caller silently: a restarted node never served.
+                reply = await self._ask_leader(leader, data, deadline)
+                if reply is not None and reply.ok:
+                    await self.wait_applied(reply.index)
+                    return json.loads(reply.result) if reply.result else None
             if time.monotonic() > deadline:
                 raise NotLeader("no metadata leader answered")
             await asyncio.sleep(0.05)
+
+    async def _ask_leader(self, leader, data: bytes, deadline: float):
+        """The leader's answer to a Propose, or None if the call failed. A call whose channel
+        is closed under it (the leader's member.forget and member.add applied here meanwhile,
+        as a replay after a rejoin has them) is cancelled by grpc: that is a failed call, not
+        our caller's cancellation, which raised on ended it silently (a restarted node that
+        never served)."""
+        call = asyncio.ensure_future(leader.stub.Propose(
+            pb.ProposeRequest(command=data), metadata=self.membership.metadata(),
+            timeout=max(0.1, min(2.0, deadline - time.monotonic()))))
+        try:
+            await asyncio.wait({call})      # raises only if we are cancelled, not if the call is
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if call.cancelled():
+            return None
+        try:
+            return call.result()
+        except grpc.aio.AioRpcError:
+            return None
 
     async def wait_applied(self, index: int, timeout: float = PROPOSE_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
