@@ -9,7 +9,7 @@ from haremq.cluster.control.errors import ControlError
 from haremq.cluster.links.codec import message_from_pb
 from haremq.cluster.links.home import serve_link
 from haremq.cluster.mirroring.mirror import serve_mirror
-from haremq.cluster.raft.shell import StorageFailed
+from haremq.cluster.raft.shell import RELAY_KEY, StorageFailed
 from haremq.cluster.rpc import cluster_pb2 as pb
 from haremq.cluster.rpc import cluster_pb2_grpc as pbg
 
@@ -55,7 +55,8 @@ class ClusterService(pbg.ClusterServicer):
         return await _raft_call(self.node.raft.on_install_snapshot, request, context)
 
     async def Propose(self, request, context):
-        return await _raft_call(self.node.raft.on_propose, request, context)
+        relay = any(key == RELAY_KEY for key, _value in context.invocation_metadata() or ())
+        return await _raft_call(lambda r: self.node.raft.on_propose(r, relay), request, context)
 
     async def QueueSession(self, request_iterator, context):
         node = self.node

@@ -39,6 +39,8 @@ def test_a_restarted_mirror_of_a_queue_of_large_messages_gets_back_in_sync(clust
 HUNDRED_MIB = 100 << 20
 
 
+@pytest.mark.xfail(strict=False, reason="open (issue 43): in one CI run of two the publisher stalled past 120 s "
+                   "in the first publish; it passed in 18.7 s on its own")
 def test_three_100_mib_messages_through_a_member_that_is_not_the_master(cluster):
     """Three 100 MiB messages published with confirms through hare2 to a queue mastered on hare1
     and mirrored on all three: each crosses a queue link and two mirror streams. Every one is

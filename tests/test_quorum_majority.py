@@ -9,7 +9,7 @@ import time
 import pika
 import pytest
 
-from tests.clusters import control
+from tests.clusters import control, leader_and_term
 from tests.conftest import pika_conn, unique_name, wait_until
 
 pytestmark = pytest.mark.cluster(failure_timeout=3.0)
@@ -87,8 +87,20 @@ def test_no_confirm_while_only_the_leader_holds_the_message(cluster):
 
 def test_a_member_restarted_with_another_peer_list_places_queues_as_the_log_does(cluster):
     """Placement reads the members the log records, not the restarted member's own --peer flags:
-    one restarted without hare2 in its list still has hare2 mirroring the queue, as the others do."""
+    one restarted without hare2 in its list still has hare2 mirroring the queue, as the others do.
+    hare2 leads the metadata log meanwhile: the restarted member follows a leader it has no
+    address for, and its own proposals reach it through hare1."""
     hare1, hare2, hare3 = cluster
+    for _ in range(4):      # a dead leader's successor stands by name: hare2 after hare1
+        leader = wait_until(lambda: leader_and_term(cluster), timeout=30)[0]
+        if leader == "hare2":
+            break
+        victim = {"hare1": hare1, "hare3": hare3}[leader]
+        victim.kill9()
+        wait_until(lambda: (leader_and_term([m for m in cluster if m is not victim]) or ("",))[0]
+                   not in ("", leader), timeout=30)
+        victim.start(timeout=60)
+    assert wait_until(lambda: leader_and_term(cluster), timeout=30)[0] == "hare2"
     control(hare1, "broker_call", method="set_policy",
             args=["/", "ha-peers", "^peers[.]", {"ha-mode": "all", "ha-sync-mode": "automatic"}, "queues", 0])
     name = unique_name("peers.c")

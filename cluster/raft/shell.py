@@ -81,6 +81,7 @@ from haremq.cluster.rpc import cluster_pb2 as pb
 __all__ = ["ELECTION_MIN", "HEARTBEAT", "NotLeader", "PROPOSE_TIMEOUT", "Raft", "RaftStorage", "StorageFailed"]
 
 PROPOSE_TIMEOUT = 10.0
+RELAY_KEY = "haremq-relay"           # call metadata: a proposal the member asked cannot send the leader itself
 APPEND_TIMEOUT = 1.0
 SNAPSHOT_TIMEOUT = 60.0     # an InstallSnapshot call: the transfer, a write and fsync, loading it
 SNAPSHOT_ENTRIES = int(os.environ.get("HAREMQ_RAFT_SNAPSHOT_ENTRIES", "10000"))
@@ -556,9 +557,14 @@ class Raft:
                     if time.monotonic() > deadline or not forward_if_deposed:
                         raise
                     continue     # deposed by a newer election: hand it to the new leader
-            leader = self.membership.peers.get(self.leader or "")
-            if leader is not None and self.membership.is_up(leader.name):
-                reply = await self._ask_leader(leader, data, deadline)
+            target, relay = self.membership.peers.get(self.leader or ""), False
+            if target is None and self.leader:
+                # a leader we have no address for (its member.add not applied here yet, or not
+                # in our --peer list): a member that has one hands it on
+                target = next((p for p in self.membership.peers.values() if self.membership.is_up(p.name)), None)
+                relay = True
+            if target is not None and self.membership.is_up(target.name):
+                reply = await self._ask_leader(target, data, deadline, relay)
                 if reply is not None and reply.ok:
                     await self.wait_applied(reply.index)
                     return json.loads(reply.result) if reply.result else None
@@ -566,14 +572,15 @@ class Raft:
                 raise NotLeader("no metadata leader answered")
             await asyncio.sleep(0.05)
 
-    async def _ask_leader(self, leader, data: bytes, deadline: float):
+    async def _ask_leader(self, leader, data: bytes, deadline: float, relay: bool = False):
         """The leader's answer to a Propose, or None if the call failed. A call whose channel
         is closed under it (the leader's member.forget and member.add applied here meanwhile,
         as a replay after a rejoin has them) is cancelled by grpc: that is a failed call, not
         our caller's cancellation, which raised on ended it silently (a restarted node that
         never served)."""
+        metadata = (*self.membership.metadata(), (RELAY_KEY, "1")) if relay else self.membership.metadata()
         call = asyncio.ensure_future(leader.stub.Propose(
-            pb.ProposeRequest(command=data), metadata=self.membership.metadata(),
+            pb.ProposeRequest(command=data), metadata=metadata,
             timeout=max(0.1, min(2.0, deadline - time.monotonic()))))
         try:
             await asyncio.wait({call})      # raises only if we are cancelled, not if the call is
@@ -594,8 +601,15 @@ class Raft:
                 raise NotLeader(f"entry {index} not applied here within {timeout} s")
             await asyncio.sleep(0.01)
 
-    async def on_propose(self, request) -> pb.ProposeReply:
+    async def on_propose(self, request, relay: bool = False) -> pb.ProposeReply:
+        """A member's proposal. `relay`: it has no address for the leader, so a follower that
+        has one hands the proposal on (one hop: the leader is not asked to relay)."""
         if self.role != "leader":
+            leader = self.membership.peers.get(self.leader or "")
+            if relay and leader is not None and self.membership.is_up(leader.name):
+                reply = await self._ask_leader(leader, bytes(request.command), time.monotonic() + PROPOSE_TIMEOUT)
+                if reply is not None:
+                    return reply
             return pb.ProposeReply(ok=False, error="not the leader")
         data = bytes(request.command)
         try:
