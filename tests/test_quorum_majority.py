@@ -64,14 +64,15 @@ def test_no_confirm_while_only_the_leader_holds_the_message(cluster):
 
     publisher = threading.Thread(target=publish, daemon=True)
     publisher.start()
-    syncing_seen = []       # when the leader last said hare2's copy was still being sent
+    syncing_seen = []       # when we last asked and the leader said hare2's copy was still being sent
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
+        asked = time.monotonic()        # the leader answered later: hare2 was not whole before this
         row = _row(hare1, name) or {}
         state = (row.get("mirror_states") or {}).get("hare2")
         if state in ("catching", "proposing", "synced"):
             break
-        syncing_seen.append(time.monotonic())
+        syncing_seen.append(asked)
         time.sleep(0.05)
     else:
         pytest.fail("hare2 never caught up with the quorum queue's leader")
