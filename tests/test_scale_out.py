@@ -147,17 +147,23 @@ def test_placement_is_the_logs_after_a_scale_out_a_failover_and_restarts(tmp_pat
         hosts.close()
 
 
+def _joiner(tmp_path, members, name: str = "hare4") -> ClusterMember:
+    """A member-to-be on an empty data dir: `--peer` for the running members and `--join-as`
+    its own address, as a node outside Kubernetes joins."""
+    port = free_port()
+    joiner = ClusterMember(name, tmp_path / name, port, {m.name: f"127.0.0.1:{m.cluster_port}" for m in members},
+                           members[0].secret_file)
+    joiner.extra_args = ["--join-as", f"127.0.0.1:{port}"]
+    return joiner
+
+
 def test_a_member_joins_by_static_peers_and_joins_again_after_it_was_forgotten(tmp_path):
     """Outside Kubernetes: a node started on an empty data dir with `--peer` for the running
     members and `--join-as` its own address is added through the log; killed and forgotten
     (`haremq ctl forget-node`), the same name joins afresh on an empty disk. Between, the whole
     cluster restarts: the three learn of it from their logs again."""
     members = plain_cluster(tmp_path)
-    ports = {m.name: m.cluster_port for m in members}
-    port = free_port()
-    fourth = ClusterMember("hare4", tmp_path / "hare4", port, {n: f"127.0.0.1:{p}" for n, p in ports.items()},
-                           members[0].secret_file)
-    fourth.extra_args = ["--join-as", f"127.0.0.1:{port}"]
+    fourth = _joiner(tmp_path, members)
     policy = json.dumps({"ha-mode": "all", "ha-sync-mode": "automatic"})
     try:
         assert ctl(members[0], "set-policy", "ha-all", "^joined[.]", policy, "--apply-to", "queues").returncode == 0
@@ -204,11 +210,7 @@ def test_a_member_restarts_while_one_its_peer_list_lacks_leads(tmp_path):
     serves, instead of refusing the leader until its election timer goes and the cluster's
     leadership with it. The fourth is named hare0: a dead leader's successor stands by name."""
     members = plain_cluster(tmp_path)
-    ports = {m.name: m.cluster_port for m in members}
-    port = free_port()
-    fourth = ClusterMember("hare0", tmp_path / "hare0", port, {n: f"127.0.0.1:{p}" for n, p in ports.items()},
-                           members[0].secret_file)
-    fourth.extra_args = ["--join-as", f"127.0.0.1:{port}"]
+    fourth = _joiner(tmp_path, members, "hare0")
     everyone = {m.name: m for m in (*members, fourth)}
     try:
         launch([fourth])
@@ -266,10 +268,7 @@ def test_a_joining_member_is_not_sent_away_by_a_member_behind_the_log(tmp_path):
                        timeout=30)
             launch([by_name[leader]])
         assert ctl_json(by_name["hare1"], "cluster-status")["leader"] == "hare1"
-        port = free_port()
-        fourth = ClusterMember("hare4", tmp_path / "hare4", port,
-                               {m.name: f"127.0.0.1:{m.cluster_port}" for m in members}, members[0].secret_file)
-        fourth.extra_args = ["--join-as", f"127.0.0.1:{port}"]
+        fourth = _joiner(tmp_path, members)
         for round_ in ("a first join", "a join after it was forgotten"):
             partition["bridge"]("hare2")
             wait_until(lambda: "hare2" not in ctl_json(by_name["hare1"], "cluster-status")["running"], timeout=30)
